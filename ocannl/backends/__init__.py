@@ -1,0 +1,1 @@
+"""Backends: each sees only the optimized loop IR and the buffer table."""

@@ -1,0 +1,48 @@
+"""The exception types users see.
+
+Every error raised on purpose by ocannl derives from :class:`OcannlError`, so a user can catch the
+whole family at once. Messages are written for the user who made the mistake: they name the
+operation, the shapes involved and, where there is one, the fix.
+"""
+
+from __future__ import annotations
+
+
+class OcannlError(Exception):
+    """Base class of every error ocannl raises on purpose."""
+
+
+class EinsumSyntaxError(OcannlError, ValueError):
+    """A malformed einsum or shape spec.
+
+    ``position`` is the 0-based offset of the offending character in ``spec`` (``len(spec)`` when
+    the spec ended too early). The message shows the spec with a caret under that character.
+    """
+
+    def __init__(self, spec: str, position: int, expected: str):
+        self.spec = spec
+        self.position = position
+        self.expected = expected
+        caret = " " * position + "^"
+        super().__init__(f"invalid einsum spec: {expected}\n  {spec}\n  {caret}")
+
+
+class ShapeError(OcannlError):
+    """Shape inference failed: the shapes of an operation's operands cannot be reconciled,
+    or a dimension could not be determined."""
+
+
+class SessionError(OcannlError):
+    """The tensor graph was used in a way that cannot be compiled (e.g. forwarding a parameter)."""
+
+
+class BackendUnavailable(OcannlError):
+    """A backend cannot run on this machine: the message says why and how to fix it."""
+
+
+class IndexBindingError(OcannlError):
+    """A routine was run with a missing or out-of-range index symbol binding."""
+
+
+class OutOfBoundsError(OcannlError):
+    """A buffer access outside the buffer's dims (reported by the interpreter with the IR location)."""

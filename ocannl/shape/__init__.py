@@ -1,0 +1,1 @@
+"""Shape inference: einsum specs, shapes made of rows of dims, the constraint solver, projections."""
