@@ -1,6 +1,21 @@
-"""ocannl: shape-inferred tensors, reverse-mode autodiff, a two-level IR and several backends."""
+"""ocannl: shape-inferred tensors, reverse-mode autodiff, a two-level IR and several backends.
+
+The public API (shared/DESIGN.md §4) is re-exported here: ``import ocannl as oc``.
+"""
 
 from ocannl import errors
+from ocannl.explain import explain_shapes
 from ocannl.lowlevel.indexing import IndexSymbol
+from ocannl.ops import (DimRef, abs, add, compose, cos, div, einmax, einsum, eq, exp, exp2, fma, gt,
+                        log, log2, lt, max, maximum, mean, minimum, mul, ne, neg, not_, outer_sum,
+                        pow, recip, recip_sqrt, relu, sat01, sigmoid, sin, slice_batch, sqrt, sub,
+                        sum, tanh, tropical, where)
+from ocannl.tensor import Tensor, number, param, tensor
 
-__all__ = ["errors", "IndexSymbol"]
+__all__ = [
+    "errors", "explain_shapes", "IndexSymbol", "Tensor", "tensor", "param", "number", "DimRef",
+    "abs", "add", "compose", "cos", "div", "einmax", "einsum", "eq", "exp", "exp2", "fma", "gt",
+    "log", "log2", "lt", "max", "maximum", "mean", "minimum", "mul", "ne", "neg", "not_",
+    "outer_sum", "pow", "recip", "recip_sqrt", "relu", "sat01", "sigmoid", "sin", "slice_batch",
+    "sqrt", "sub", "sum", "tanh", "tropical", "where",
+]

@@ -1,0 +1,255 @@
+"""Shape logics: how an operation's result shape relates to its operands' (spec/frontend.md §1.5).
+
+Each logic does two things, at two times:
+
+* when the operation is built, :meth:`ShapeLogic.constraints` states the relation as solver
+  constraints (broadcasting inequalities for pointwise ops and compose, equations for einsum);
+* once shapes are concrete, :meth:`ShapeLogic.layout` names, for every axis of the result and of
+  each operand, the loop that indexes it (``projections.py`` turns that into Projections).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ocannl.errors import ShapeError
+from ocannl.lowlevel.indexing import IndexSymbol
+from ocannl.shape import einsum as es
+from ocannl.shape.projections import At, Conv, Loop, Static, Term, padding_left
+from ocannl.shape.shape import KINDS, Dim, DimVar, Row, RowVar, Shape
+from ocannl.shape.solver import (AtLeast, BroadcastRank, ConcatDim, Constraint, ConvDim, DimEq, Origin, RowEq,
+                                 RowIneq, Solver, Where, shape_error)
+
+
+class ShapeLogic:
+    """Base of the shape logics. ``operands`` are the operand shapes in order."""
+
+    def constraints(self, result: Shape, operands: list[Shape], origin: Origin) -> list[Constraint]:
+        raise NotImplementedError
+
+    def layout(self, result: Shape, operands: list[Shape], solver: Solver) -> list[list[Term]]:
+        raise NotImplementedError
+
+
+def _sides(j: int, n: int) -> tuple[str, str]:
+    return ("result", "operand" if n == 1 else f"operand {j + 1}")
+
+
+def _broadcast_terms(res_dims: tuple[int, ...], opnd_dims: tuple[int, ...], key: str) -> list[Term]:
+    """Right-aligned numpy broadcasting: operand axis ``p`` shares the loop of the result axis it
+    aligns with, or reads position 0 where it has size 1 and the result axis does not."""
+    n, m = len(res_dims), len(opnd_dims)
+    terms: list[Term] = []
+    for p, d in enumerate(opnd_dims):
+        r = res_dims[n - m + p]
+        terms.append(At(0) if d == 1 and r != 1 else Loop((key, m - 1 - p), d))
+    return terms
+
+
+def _own_terms(dims: tuple[int, ...], key: str) -> list[Term]:
+    n = len(dims)
+    return [Loop((key, n - 1 - p), d) for p, d in enumerate(dims)]
+
+
+@dataclass
+class Pointwise(ShapeLogic):
+    """Result rows are the numpy broadcast of the operands' rows, kind by kind."""
+
+    def constraints(self, result, operands, origin):
+        out: list[Constraint] = [RowIneq(result.row(k), s.row(k), origin, Where(k, None, _sides(j, len(operands))))
+                                 for j, s in enumerate(operands) for k in KINDS]
+        out += [BroadcastRank(result.row(k), tuple(s.row(k) for s in operands), origin, Where(k))
+                for k in KINDS]
+        return out
+
+    def layout(self, result, operands, solver):
+        res = [t for k in KINDS for t in _own_terms(result.row(k).dims, k)]  # type: ignore[arg-type]
+        slots = [res]
+        for s in operands:
+            slots.append([t for k in KINDS
+                          for t in _broadcast_terms(result.row(k).dims, s.row(k).dims, k)])  # type: ignore[arg-type]
+        return slots
+
+
+@dataclass
+class Compose(ShapeLogic):
+    """``a @ b``: a's input axes contract with b's output axes (b's broadcast into a's); the
+    result has a's output axes, b's input axes and the broadcast of both batch rows (§1.5)."""
+
+    def constraints(self, result, operands, origin):
+        a, b = operands
+        return [
+            RowIneq(a.input, b.output, origin, Where("input", None, ("left operand input", "right operand output"))),
+            RowIneq(result.batch, a.batch, origin, Where("batch", None, ("result", "left operand"))),
+            RowIneq(result.batch, b.batch, origin, Where("batch", None, ("result", "right operand"))),
+            RowIneq(result.input, b.input, origin, Where("input", None, ("result", "right operand"))),
+            RowIneq(result.output, a.output, origin, Where("output", None, ("result", "left operand"))),
+            BroadcastRank(a.input, (b.output,), origin, Where("input")),
+            BroadcastRank(result.batch, (a.batch, b.batch), origin, Where("batch")),
+            BroadcastRank(result.input, (b.input,), origin, Where("input")),
+            BroadcastRank(result.output, (a.output,), origin, Where("output")),
+        ]
+
+    def layout(self, result, operands, solver):
+        a, b = operands
+        rb, ro, ri = (result.row(k).dims for k in KINDS)
+        res = _own_terms(rb, "b") + _own_terms(ro, "o") + _own_terms(ri, "i")  # type: ignore[arg-type]
+        lhs = (_broadcast_terms(rb, a.batch.dims, "b") + _broadcast_terms(ro, a.output.dims, "o")  # type: ignore[arg-type]
+               + _own_terms(a.input.dims, "c"))  # type: ignore[arg-type]
+        rhs = (_broadcast_terms(rb, b.batch.dims, "b") + _broadcast_terms(a.input.dims, b.output.dims, "c")  # type: ignore[arg-type]
+               + _broadcast_terms(ri, b.input.dims, "i"))  # type: ignore[arg-type]
+        return [res, lhs, rhs]
+
+
+@dataclass
+class BatchSlice(ShapeLogic):
+    """``xs[sym]``: the result is ``xs`` without its leftmost batch axis, read at the run-time
+    value of ``sym`` (§1.5 ``Batch_slice``)."""
+
+    symbol: IndexSymbol
+
+    def constraints(self, result, operands, origin):
+        (s,) = operands
+        lead: Dim = self.symbol.size if self.symbol.size is not None else DimVar(self.symbol.name)
+        rb = result.batch
+        sliced = Row((lead,) + rb.beg, rb.var, rb.end) if rb.var is not None else Row.closed((lead,) + rb.end)
+        where = ("result", "sliced operand")
+        return [RowEq(s.batch, sliced, origin, Where("batch", None, where)),
+                RowEq(s.output, result.output, origin, Where("output", None, where)),
+                RowEq(s.input, result.input, origin, Where("input", None, where))]
+
+    def layout(self, result, operands, solver):
+        (s,) = operands
+        res = [t for k in KINDS for t in _own_terms(result.row(k).dims, k)]  # type: ignore[arg-type]
+        src: list[Term] = [Static(self.symbol)] + res[:len(result.batch.dims)] + res[len(result.batch.dims):]
+        return [res, src]
+
+
+@dataclass
+class Einsum(ShapeLogic):
+    """Generalized einsum: every slot's rows *equal* its spec rows (no broadcasting, §2.4).
+
+    Spec labels become dim variables shared by every slot of this operation; row variables
+    likewise. Fixed indices need the axis to be larger than the index; a result axis written at a
+    fixed index closes to ``index + 1`` when nothing else sets it. Convolution terms relate the
+    operand axis to the output and kernel axes (§1.8)."""
+
+    spec: es.EinsumSpec
+    use_padding: bool | None = None
+    labels: dict[str, DimVar] = field(default_factory=dict)
+    row_vars: dict[str, RowVar] = field(default_factory=dict)
+    axis_dims: dict[int, DimVar] = field(default_factory=dict)  # id(axis node) -> its dim var
+
+    def _label(self, name: str) -> DimVar:
+        v = self.labels.get(name)
+        if v is None:
+            v = self.labels[name] = DimVar(name)
+        return v
+
+    def _axis_dim(self, ax: es.Axis, slot: int, kind: str, position: int, origin: Origin,
+                  out: list[Constraint]) -> Dim:
+        where = Where(kind, position, ("spec", "result" if slot == 0 else f"operand {slot}"))
+        if isinstance(ax, es.Label):
+            return self._label(ax.name)
+        v = DimVar()
+        self.axis_dims[id(ax)] = v
+        if isinstance(ax, es.FixedIndex):
+            out.append(AtLeast(v, ax.value + 1, _at(origin, ax.pos), where, closes_to=slot == 0))
+        elif isinstance(ax, es.ConvTerm):
+            if slot == 0:
+                raise shape_error(_at(origin, ax.pos), where,
+                                  "a convolution term can only index an operand, not the result")
+            use_padding = ax.use_padding if ax.use_padding is not None else self.use_padding
+            if ax.kernel is not None and use_padding is None:
+                raise shape_error(
+                    _at(origin, ax.pos), where,
+                    "use_padding must be specified in convolution spec (use = for true, < for false), "
+                    "or pass use_padding=True/False")
+            kernel = self._label(ax.kernel) if ax.kernel is not None else None
+            out.append(ConvDim(v, ax.stride, self._label(ax.over), ax.dilation, kernel,
+                               bool(use_padding), _at(origin, ax.pos), where))
+        elif isinstance(ax, es.ConcatAxis):
+            out.append(ConcatDim(v, tuple(self._label(p) for p in ax.parts), _at(origin, ax.pos), where))
+        return v
+
+    def _row(self, rs: es.RowSpec, slot: int, kind: str, origin: Origin, out: list[Constraint]) -> Row:
+        beg = tuple(self._axis_dim(a, slot, kind, i, origin, out) for i, a in enumerate(rs.before))
+        end = tuple(self._axis_dim(a, slot, kind, -len(rs.after) + i, origin, out)
+                    for i, a in enumerate(rs.after))
+        if rs.row_var is None:
+            return Row.closed(beg)
+        var = self.row_vars.get(rs.row_var)
+        if var is None:
+            var = self.row_vars[rs.row_var] = RowVar(rs.row_var)
+        return Row(beg, var, end)
+
+    def slot_specs(self) -> list[es.ShapeSpec]:
+        return [self.spec.result, *self.spec.operands]
+
+    def constraints(self, result, operands, origin):
+        if len(operands) != len(self.spec.operands):
+            raise ShapeError(
+                f"{origin.describe()}: the spec {self.spec.text!r} has {len(self.spec.operands)} "
+                f"operand(s), but {len(operands)} tensor(s) were given")
+        rows: list[Constraint] = []
+        axes: list[Constraint] = []
+        for slot, (shape, ss) in enumerate(zip([result, *operands], self.slot_specs())):
+            name = "result" if slot == 0 else f"operand {slot}"
+            for k in KINDS:
+                row = self._row(ss.row(k), slot, k, origin, axes)
+                rows.append(RowEq(shape.row(k), row, _at(origin, ss.pos), Where(k, None, (name, "spec"))))
+        return rows + axes
+
+    def layout(self, result, operands, solver):
+        def label_loop(name: str) -> Loop:
+            size = solver.dim(self._label(name))
+            assert isinstance(size, int)
+            return Loop(("label", name), size)
+
+        slots: list[list[Term]] = []
+        for ss in self.slot_specs():
+            terms: list[Term] = []
+            for k in KINDS:
+                rs = ss.row(k)
+                terms += [self._term(a, label_loop, solver) for a in rs.before]
+                if rs.row_var is not None:
+                    dims = solver.row(Row((), self.row_vars[rs.row_var], ())).dims
+                    terms += [Loop(("row", rs.row_var, len(dims) - 1 - p), d) for p, d in enumerate(dims)]  # type: ignore[arg-type]
+                terms += [self._term(a, label_loop, solver) for a in rs.after]
+            slots.append(terms)
+        return slots
+
+    def _term(self, ax: es.Axis, label_loop, solver: Solver) -> Term:
+        if isinstance(ax, es.Label):
+            return label_loop(ax.name)
+        if isinstance(ax, es.FixedIndex):
+            return At(ax.value)
+        if isinstance(ax, es.ConvTerm):
+            use_padding = ax.use_padding if ax.use_padding is not None else self.use_padding
+            kernel = label_loop(ax.kernel) if ax.kernel is not None else None
+            pad = padding_left(kernel.size, ax.dilation) if (kernel is not None and use_padding) else 0
+            return Conv(label_loop(ax.over), ax.stride, kernel, ax.dilation, ax.offset, pad)
+        raise ShapeError(
+            f"axis concatenation {'^'.join(ax.parts)!r} in {self.spec.text!r}: use oc.concat for "
+            f"concatenations")
+
+
+def _at(origin: Origin, pos: int) -> Origin:
+    """The same origin, pointing at character ``pos`` of its spec."""
+    if origin.spec is None:
+        return origin
+    return Origin(origin.op, origin.label, origin.source, origin.shapes, origin.spec, pos)
+
+
+def reduction_spec(kinds: tuple[str, ...]) -> es.EinsumSpec:
+    """The one-operand einsum that sums away the axes of ``kinds`` and keeps the others
+    (``t.sum(axes=...)``): e.g. for ``("batch",)`` the spec ``...|...->... => ...->...``."""
+    every = es.ShapeSpec(batch=es.RowSpec(row_var="batch"), input=es.RowSpec(row_var="input"),
+                         output=es.RowSpec(row_var="output"), text="...|...->...")
+    keep = {k: es.RowSpec(row_var=k) if k not in kinds else es.RowSpec() for k in KINDS}
+    text = ("...|" if "batch" not in kinds else "") + ("...->" if "input" not in kinds else "") \
+        + ("..." if "output" not in kinds else "")
+    if "output" in kinds and "input" not in kinds:
+        text += "[]"  # an input row needs an output row after '->'; printed for readers only
+    result = es.ShapeSpec(batch=keep["batch"], input=keep["input"], output=keep["output"], text=text)
+    return es.EinsumSpec((every,), result, f"...|...->... => {text}", multichar=False)

@@ -1,0 +1,124 @@
+"""Projections: the loops of one operation, and how each operand axis is indexed by them.
+
+Once shapes are concrete, every operation describes its slots (result first, then operands) as
+lists of *axis terms*, one per axis in memory order (batch, output, input):
+
+* :class:`Loop` ``key``: iterated by the loop named ``key``; axes with equal keys share the loop
+  (the same einsum label, or a result axis and the operand axis broadcast into it);
+* :class:`At`: a fixed position (a fixed index in a spec, or 0 where a size-1 operand axis
+  broadcasts);
+* :class:`Static`: the value of an index symbol bound at run time (batch slicing);
+* :class:`Conv`: ``stride*over + dilation*kernel + offset - left_pad`` (convolution and strided
+  axes).
+
+:func:`derive_projections` turns such a layout into :class:`~ocannl.lowlevel.indexing.Projections`:
+one product-space loop per distinct key whose size is above 1, in order of first occurrence
+(result slot first), so a key absent from the result is a reduction (spec/frontend.md §1.9).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Hashable, Union
+
+from ocannl.errors import ShapeError
+from ocannl.lowlevel.indexing import Affine, AxisIndex, Fixed, IndexSymbol, Iter, Projections, Symbol
+
+
+@dataclass(frozen=True)
+class Loop:
+    key: Hashable
+    size: int
+
+
+@dataclass(frozen=True)
+class At:
+    index: int
+
+
+@dataclass(frozen=True)
+class Static:
+    symbol: IndexSymbol
+
+
+@dataclass(frozen=True)
+class Conv:
+    """``stride*over + dilation*kernel + offset - left_pad`` over the loops of ``over`` and
+    ``kernel`` (``kernel`` is None for a pure strided axis)."""
+
+    over: Loop
+    stride: int
+    kernel: Loop | None
+    dilation: int
+    offset: int
+    left_pad: int
+
+
+Term = Union[Loop, At, Static, Conv]
+
+
+def padding_left(kernel_size: int, dilation: int) -> int:
+    """Left padding of a padded (``=+``) convolution: ``(span - 1) // 2`` with
+    ``span = dilation*(kernel-1) + 1``, the centred "same" convolution of PyTorch for odd kernels.
+
+    The original pads by the undilated kernel size and one cell more than needed (spec §1.8,
+    marked suspect); we pad by what the dilated window needs, so the output size is exactly
+    ``input / stride``. Reads falling in the margin see the operation's neutral element."""
+    span = dilation * (kernel_size - 1) + 1
+    return (span - 1) // 2
+
+
+def derive_projections(slots: list[list[Term]], dims: list[tuple[int, ...]], debug: str = "") -> Projections:
+    """``slots[0]`` is the result, ``slots[1:]`` the operands, ``dims[i]`` the dims of slot ``i``;
+    see the module docstring."""
+    iterators: dict[Hashable, Symbol] = {}
+    sizes: dict[Hashable, int] = {}
+    order: list[Hashable] = []
+
+    def loop_index(loop: Loop) -> Symbol | None:
+        known = sizes.get(loop.key)
+        if known is not None and known != loop.size:
+            raise ShapeError(f"{debug}: conflicting sizes {known} and {loop.size} for the same loop")
+        if loop.size <= 1:
+            sizes[loop.key] = loop.size
+            return None
+        if loop.key not in iterators:
+            iterators[loop.key] = Symbol()
+            sizes[loop.key] = loop.size
+            order.append(loop.key)
+        return iterators[loop.key]
+
+    def index(term: Term) -> AxisIndex:
+        if isinstance(term, At):
+            return Fixed(term.index)
+        if isinstance(term, Static):
+            return Iter(term.symbol)
+        if isinstance(term, Loop):
+            sym = loop_index(term)
+            return Fixed(0) if sym is None else Iter(sym)
+        parts: list[tuple[int, Symbol]] = []
+        over = loop_index(term.over)
+        if over is not None:
+            parts.append((term.stride, over))
+        if term.kernel is not None:
+            k = loop_index(term.kernel)
+            if k is not None:
+                parts.append((term.dilation, k))
+        offset = term.offset - term.left_pad
+        if len(parts) == 1 and parts[0][0] == 1 and offset == 0:
+            return Iter(parts[0][1])
+        if not parts:
+            return Fixed(offset)
+        return Affine(tuple(parts), offset)
+
+    project = [tuple(index(t) for t in slot) for slot in slots]
+    return Projections(
+        product_space=tuple(sizes[k] for k in order),
+        product_iterators=tuple(iterators[k] for k in order),
+        lhs_dims=dims[0],
+        rhs_dims=tuple(dims[1:]),
+        project_lhs=project[0],
+        project_rhs=tuple(project[1:]),
+        debug=debug,
+    )
+

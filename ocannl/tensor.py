@@ -1,0 +1,304 @@
+"""Tensors: the nodes of the user's graph, each with an inferred shape and the op that made it.
+
+A :class:`Tensor` is a leaf (data from ``oc.tensor``, a number, a parameter ``oc.param``, an
+embedded index symbol) or the result of an operation from ``ops.py`` over operand tensors. Building
+an operation states its shape logic to the global solver at once, so ``t.shape`` shows everything
+known so far (``?`` for a dim not known yet); ``t.dims`` finalizes inference (defaults, closing
+rows) and returns the concrete dims in memory order (batch, output, input).
+
+Operators mirror numpy: ``+ - * / **`` and comparisons are pointwise with broadcasting (Python
+numbers become scalar constants), ``@`` is compose (a's input axes contract with b's output axes).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Sequence
+
+import numpy as np
+
+from ocannl import session
+from ocannl.errors import SessionError, ShapeError
+from ocannl.lowlevel.indexing import IndexSymbol, Projections
+from ocannl.shape import solver as solver_mod
+from ocannl.shape.logic import ShapeLogic
+from ocannl.shape.projections import derive_projections
+from ocannl.shape.shape import KINDS, Row, Shape, format_rows
+from ocannl.shape.solver import Origin
+
+_tensor_ids = itertools.count(1)
+
+
+@session.on_reset
+def _reset_tensor_ids() -> None:
+    global _tensor_ids
+    _tensor_ids = itertools.count(1)
+
+
+class ShapeView:
+    """What ``t.shape`` returns: the rows as tuples, as far as they are known.
+
+    A known dim is an int, an unknown one ``None``; an open row (more axes may come) shows
+    ``...`` (``Ellipsis``) where axes may still be inserted. Once inferred, every row is a tuple of
+    ints."""
+
+    __slots__ = ("_shape",)
+
+    def __init__(self, shape: Shape):
+        self._shape = shape
+
+    @staticmethod
+    def _row(row: Row) -> tuple:
+        def dim(d):
+            return d if isinstance(d, int) else None
+
+        out = [dim(d) for d in row.beg]
+        if row.var is not None:
+            out.append(...)
+        return tuple(out + [dim(d) for d in row.end])
+
+    @property
+    def batch(self) -> tuple:
+        return self._row(self._shape.batch)
+
+    @property
+    def output(self) -> tuple:
+        return self._row(self._shape.output)
+
+    @property
+    def input(self) -> tuple:
+        return self._row(self._shape.input)
+
+    def __str__(self) -> str:
+        return format_rows(self._shape.batch, self._shape.output, self._shape.input)
+
+    def __repr__(self) -> str:
+        return f"<shape {self}>"
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ShapeView):
+            return (self.batch, self.output, self.input) == (other.batch, other.output, other.input)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class Tensor:
+    """A node of the tensor graph. See the module docstring."""
+
+    def __init__(self, *, op: str, label: str, shape: Shape, operands: Sequence["Tensor"] = (),
+                 logic: ShapeLogic | None = None, data: np.ndarray | None = None,
+                 init: Any = None, symbol: IndexSymbol | None = None, attrs: dict | None = None,
+                 source: str = ""):
+        self.id = next(_tensor_ids)
+        self.op = op
+        self.label = label
+        self._shape = shape
+        self.operands = tuple(operands)
+        self.logic = logic
+        self.data = data
+        self.init = init
+        self.symbol = symbol
+        self.attrs = attrs or {}
+        self.source = source
+        self._projections: Projections | None = None
+
+    # -- shapes --------------------------------------------------------------------------------
+
+    @property
+    def is_param(self) -> bool:
+        return self._shape.is_param
+
+    @property
+    def shape(self) -> ShapeView:
+        solver_mod.current().resolve_shape(self._shape)
+        return ShapeView(self._shape)
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        """The concrete dims in memory order (batch, output, input); finalizes shape inference."""
+        finish_inference()
+        return self._shape.dims()
+
+    @property
+    def captured(self) -> dict:
+        """Dims captured by name in this tensor's einsum (``capture=[...]``): name -> DimRef."""
+        return self.attrs.get("captured", {})
+
+    def projections(self) -> Projections:
+        """The loops of the op that computes this tensor (finalizes shape inference)."""
+        if self.logic is None:
+            raise SessionError(f"tensor {self.label!r} is a leaf ({self.op}): it has no projections")
+        if self._projections is None:
+            finish_inference()
+            s = solver_mod.current()
+            operand_shapes = [o._shape for o in self.operands]
+            slots = self.logic.layout(self._shape, operand_shapes, s)
+            dims = [self._shape.dims()] + [sh.dims() for sh in operand_shapes]
+            self._projections = derive_projections(slots, dims, debug=f"{self.op} {self.label}")
+        return self._projections
+
+    # -- Python protocol -----------------------------------------------------------------------
+
+    def __repr__(self) -> str:
+        return f"<Tensor #{self.id} {self.label!r} ({self.op}) {self.shape}>"
+
+    def __hash__(self) -> int:
+        return self.id
+
+    def __bool__(self) -> bool:
+        raise TypeError("a Tensor has no truth value; use oc.where(...) for conditions, or "
+                        "t.numpy() to read values")
+
+    # Operators delegate to the op catalog (ops.py), where each op's logic lives.
+    def __add__(self, o): return _ops().add(self, o)
+    def __radd__(self, o): return _ops().add(o, self)
+    def __sub__(self, o): return _ops().sub(self, o)
+    def __rsub__(self, o): return _ops().sub(o, self)
+    def __mul__(self, o): return _ops().mul(self, o)
+    def __rmul__(self, o): return _ops().mul(o, self)
+    def __truediv__(self, o): return _ops().div(self, o)
+    def __rtruediv__(self, o): return _ops().div(o, self)
+    def __pow__(self, o): return _ops().pow(self, o)
+    def __rpow__(self, o): return _ops().pow(o, self)
+    def __matmul__(self, o): return _ops().compose(self, o)
+    def __rmatmul__(self, o): return _ops().compose(o, self)
+    def __neg__(self): return _ops().neg(self)
+    def __lt__(self, o): return _ops().lt(self, o)
+    def __gt__(self, o): return _ops().gt(self, o)
+    def __le__(self, o): return _ops().not_(_ops().gt(self, o))
+    def __ge__(self, o): return _ops().not_(_ops().lt(self, o))
+    def __eq__(self, o): return _ops().eq(self, o)  # type: ignore[override]
+    def __ne__(self, o): return _ops().ne(self, o)  # type: ignore[override]
+
+    def __getitem__(self, sym: IndexSymbol) -> "Tensor":
+        return _ops().slice_batch(self, sym)
+
+    def __getattr__(self, name: str):
+        # Unary functions and reductions of the catalog are also methods: t.relu(), t.sum().
+        if name.startswith("_"):
+            raise AttributeError(name)
+        fn = _ops().METHODS.get(name)
+        if fn is None:
+            raise AttributeError(f"'Tensor' object has no attribute {name!r}")
+        return lambda *args, **kw: fn(self, *args, **kw)
+
+
+def _ops():
+    from ocannl import ops
+
+    return ops
+
+
+# ---------------------------------------------------------------------------------------------
+# Building tensors.
+
+
+def new_op(op: str, logic: ShapeLogic, operands: Sequence[Tensor], label: str | None = None,
+           spec: str | None = None, attrs: dict | None = None) -> Tensor:
+    """Create the result of ``op`` over ``operands`` and state its shape logic to the solver."""
+    shape = Shape(Row.open(), Row.open(), Row.open(), tensor_label=label or op)
+    source = solver_mod.caller_source()
+    t = Tensor(op=op, label=label or op, shape=shape, operands=operands, logic=logic, attrs=attrs,
+               source=source)
+    names = ["operand"] if len(operands) == 1 else [f"operand {i + 1}" for i in range(len(operands))]
+    origin = Origin(op, label or "", source,
+                    (("result", shape), *((f"{n} ({o.label})", o._shape) for n, o in zip(names, operands))),
+                    spec)
+    s = solver_mod.current()
+    s.register(shape)
+    try:
+        s.add(logic.constraints(shape, [o._shape for o in operands], origin))
+    except ShapeError:
+        s.shapes.remove(shape)
+        s.queue.clear()
+        raise
+    return t
+
+
+def leaf(op: str, label: str, batch: Row, output: Row, input: Row, *, is_param: bool = False,
+         **fields) -> Tensor:
+    shape = Shape(batch, output, input, tensor_label=label, is_param=is_param, is_terminal=True)
+    t = Tensor(op=op, label=label, shape=shape, source=solver_mod.caller_source(), **fields)
+    solver_mod.current().register(shape)
+    return t
+
+
+def tensor(array, batch: int = 0, input: int = 0, label: str | None = None) -> Tensor:
+    """Data from a numpy array (or nested lists): the first ``batch`` axes are batch axes, the
+    last ``input`` axes input axes, the rest output axes (shared/DESIGN.md §4)."""
+    arr = np.asarray(array)
+    if arr.dtype.kind not in "fiub":
+        raise TypeError(f"oc.tensor: expected numeric data, got dtype {arr.dtype}")
+    if batch < 0 or input < 0 or batch + input > arr.ndim:
+        raise ShapeError(
+            f"oc.tensor: batch={batch} and input={input} axes do not fit an array of shape {arr.shape}")
+    dims = arr.shape
+    b, o, i = dims[:batch], dims[batch:arr.ndim - input], dims[arr.ndim - input:]
+    return leaf("tensor", label or "tensor", Row.closed(b), Row.closed(o), Row.closed(i), data=arr)
+
+
+def number(value: float | int) -> Tensor:
+    """A scalar constant (dims ``()``): broadcasts into every shape."""
+    return leaf("number", _number_label(value), Row(), Row(), Row(), data=np.asarray(value))
+
+
+def _number_label(value: float | int) -> str:
+    text = repr(float(value)) if isinstance(value, float) else str(value)
+    return text
+
+
+def _row_of_sizes(sizes, what: str, label: str) -> Row:
+    if sizes is None:
+        return Row.open(f"{label}_{what}")
+    if isinstance(sizes, int):
+        sizes = (sizes,)
+    sizes = tuple(sizes)
+    if not all(isinstance(d, int) and d > 0 for d in sizes):
+        raise ShapeError(f"oc.param({label!r}): {what}= must be a positive int or a tuple of them, got {sizes!r}")
+    return Row.closed(sizes)
+
+
+def param(label: str, output=None, input=None, init=None) -> Tensor:
+    """A learnable parameter. ``output``/``input`` are sizes: an int (one axis), a tuple (several,
+    leftmost first) or ``()`` (no axes); left out, they are inferred from the parameter's uses
+    (an error names the parameter when nothing determines them). Parameters have no batch axes."""
+    if not isinstance(label, str) or not label:
+        raise TypeError("oc.param: the first argument is the parameter's label (a non-empty string)")
+    return leaf("param", label, Row.closed(()), _row_of_sizes(output, "output", label),
+                _row_of_sizes(input, "input", label), is_param=True, init=init)
+
+
+def embed_symbol(sym: IndexSymbol) -> Tensor:
+    """The run-time value of an index symbol as a scalar tensor (``step_n`` in a learning rate)."""
+    return leaf("embed_index", sym.name, Row(), Row(), Row(), symbol=sym)
+
+
+def as_tensor(x: Any) -> Tensor:
+    if isinstance(x, Tensor):
+        return x
+    if isinstance(x, IndexSymbol):
+        return embed_symbol(x)
+    if isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool):
+        return number(x)
+    raise TypeError(f"expected a Tensor, a number or an IndexSymbol, got {type(x).__name__}")
+
+
+def finish_inference() -> None:
+    """Finalize shape inference for every tensor built so far (see solver.Solver.finalize)."""
+    solver_mod.current().finalize()
+
+
+def _install_symbol_arithmetic() -> None:
+    """An IndexSymbol in arithmetic acts as a scalar tensor holding its bound value
+    (shared/DESIGN.md §3); the compiler half defines the symbol, the frontend its arithmetic."""
+    for name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__",
+                 "__truediv__", "__rtruediv__", "__neg__", "__lt__", "__gt__"):
+        def method(self, *args, _name=name):
+            return getattr(embed_symbol(self), _name)(*args)
+
+        setattr(IndexSymbol, name, method)
+
+
+_install_symbol_arithmetic()
+__all__ = ["Tensor", "ShapeView", "tensor", "param", "number", "as_tensor", "finish_inference", "KINDS"]
