@@ -526,6 +526,11 @@ class Solver:
         rest = Row(res.beg[len(ob):], res.var, res.end[:len(res.end) - len(oe)])
         if rest.var is opnd.var:
             return
+        if rest.end:
+            # The operand's axes align right within the result's: what the result already
+            # shows on its right is a bound the operand may close to (prefer generality: a
+            # later, longer bound joins to the shorter one).
+            self.row_info[opnd.var].bounds.append((rest.end, c.origin))
         pending = RowIneq(rest, Row((), opnd.var, ()), c.origin, where)
         self._wait(pending, rest.var, opnd.var)
 
@@ -569,6 +574,7 @@ class Solver:
             self._close_param_rows_with_bounds,
             self._close_param_dims_with_bounds,
             self._close_result_dims,
+            self._close_result_rows_with_bounds,
             self._close_result_rows,
             self._close_remaining_rows,
         )
@@ -656,7 +662,7 @@ class Solver:
             done = True
         return done
 
-    def _close_result_rows(self) -> bool:
+    def _close_result_rows_with_bounds(self) -> bool:
         done = False
         for v, shape, kind in self._open_vars()[0]:
             if shape.is_terminal or (v in self.row_info and self.row_info[v].terminal):
@@ -664,8 +670,15 @@ class Solver:
             info = self.row_info.get(v)
             if info is not None and info.bounds:
                 self._decide_row(v, join_rows([b for b, _ in info.bounds]), "learned from its use")
-            else:
-                self._decide_row(v, (), "no axes needed")
+                done = True
+        return done
+
+    def _close_result_rows(self) -> bool:
+        done = False
+        for v, shape, kind in self._open_vars()[0]:
+            if shape.is_terminal or (v in self.row_info and self.row_info[v].terminal):
+                continue
+            self._decide_row(v, (), "no axes needed")
             done = True
         return done
 
