@@ -7,19 +7,22 @@ of shared/DESIGN.md §4.
 
 from __future__ import annotations
 
+import builtins
 from typing import Sequence
 
+import numpy as np
+
 from ocannl.errors import EinsumSyntaxError, ShapeError
+from ocannl.lowlevel.assignments import Accum, Assignment, Block, Constant, EmbedSymbol, Fetch, Slice
 from ocannl.lowlevel.indexing import IndexSymbol
+from ocannl.lowlevel.scalar_ops import Binop, ScalarOp, Ternop, Unop
 from ocannl.shape import einsum as es
 from ocannl.shape import solver as solver_mod
 from ocannl.shape.logic import BatchSlice, Compose, Einsum, Pointwise, reduction_spec
+from ocannl.shape.projections import identity_projections
 from ocannl.shape.shape import KINDS, Row
 from ocannl.shape.solver import DimEq, Origin
 from ocannl.tensor import Tensor, as_tensor, new_op
-
-# ---------------------------------------------------------------------------------------------
-# Pointwise operations.
 
 UNARY_OPS = ("relu", "sat01", "exp", "log", "exp2", "log2", "sin", "cos", "sqrt", "recip",
              "recip_sqrt", "neg", "tanh", "sigmoid", "abs", "not")
@@ -27,6 +30,103 @@ UNARY_OPS = ("relu", "sat01", "exp", "log", "exp2", "log2", "sin", "cos", "sqrt"
 
 BINARY_OPS = ("add", "sub", "mul", "div", "pow", "lt", "gt", "eq", "ne", "max", "min")
 """Pointwise binary functions; ``<``, ``>``, ``==``, ``!=`` give 1.0 where true, 0.0 elsewhere."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Forward code. Every op's forward is one accumulating assignment over its projections,
+# ``v <accum>= fn(v1, ...)``, as the original's ``%cd`` definitions (spec/frontend.md §3.2).
+
+
+def _operand(t: Tensor):
+    """A number is inlined as a constant; every other operand is read from its buffer."""
+    return float(t.data) if t.is_constant else t.value
+
+
+def _assign(t: Tensor, fn: ScalarOp, accum: Binop | None = None, spec: str = ".") -> Accum:
+    """``v =: fn(...)`` (``accum`` None), or ``v =:<accum> fn(...)``: reset to the accumulator's
+    neutral element, then accumulate over the reduced axes (lowering drops the reset when every
+    cell is written exactly once)."""
+    return Accum(t.value, accum, fn, tuple(_operand(o) for o in t.operands), t.projections,
+                 initialize_neutral=accum is not None, spec=spec)
+
+
+def _spec_text(t: Tensor, default: str) -> str:
+    logic = t.logic
+    return logic.spec.text if isinstance(logic, Einsum) else default
+
+
+_POINTWISE_FN: dict[str, ScalarOp] = {
+    **{op: Unop(op) for op in UNARY_OPS}, **{op: Binop(op) for op in BINARY_OPS},
+    "where": Ternop.WHERE, "fma": Ternop.FMA,
+}
+
+_EINSUM_FORWARD: dict[str, tuple[Binop, dict[int, ScalarOp]]] = {
+    # op: (accumulator, the function of the operands by arity)
+    "einsum": (Binop.ADD, {1: Unop.ID, 2: Binop.MUL, 3: Ternop.MUL3}),
+    "outer_sum": (Binop.ADD, {2: Binop.ADD}),
+    "einmax": (Binop.MAX, {1: Unop.ID}),
+    "tropical": (Binop.MAX, {2: Binop.ADD}),
+    "sum": (Binop.ADD, {1: Unop.ID}),
+    "mean": (Binop.ADD, {1: Unop.ID}),
+    "max_reduce": (Binop.MAX, {1: Unop.ID}),
+}
+
+
+def forward_code(t: Tensor) -> Assignment:
+    """The forward assignment of ``t``'s op."""
+    if t.op in _POINTWISE_FN:
+        fn = _POINTWISE_FN[t.op]
+        if isinstance(t.logic, Einsum):  # a pointwise op given an einsum spec may reduce
+            return _assign(t, fn, Binop.ADD, t.logic.spec.text)
+        return _assign(t, fn)
+    if t.op == "compose":
+        return _assign(t, Binop.MUL, Binop.ADD, "@")
+    if t.op in _EINSUM_FORWARD:
+        accum, fns = _EINSUM_FORWARD[t.op]
+        fn = fns.get(len(t.operands))
+        if fn is None:
+            raise ShapeError(f"{t.op} of {len(t.operands)} operands is not supported")
+        code = _assign(t, fn, accum, _spec_text(t, t.op))
+        if t.op == "mean":
+            (x,) = t.operands
+            count = int(np.prod(x.dims)) // builtins.max(1, int(np.prod(t.dims)))
+            scale = Accum(t.value, Binop.MUL, Unop.ID, (1.0 / count,),
+                          lambda: identity_projections(t.dims, [()]), spec=".")
+            return Block((code, scale))
+        return code
+    if t.op == "slice":
+        (x,) = t.operands
+        return Fetch(t.value, Slice(x.value, t.logic.symbol))  # type: ignore[union-attr]
+    if t.op == "embed_index":
+        return Fetch(t.value, EmbedSymbol(t.symbol))  # type: ignore[arg-type]
+    raise ShapeError(f"no forward code for op {t.op!r}")
+
+
+def param_init_code(t: Tensor):
+    """A parameter's initializer: a number fills it, an array is its value."""
+    init = t.init
+    if isinstance(init, (int, float)) and not isinstance(init, bool):
+        return Fetch(t.value, Constant(float(init)))
+    if isinstance(init, np.ndarray) or isinstance(init, (list, tuple)):
+        arr = np.asarray(init, dtype=t.dtype.storage)
+        if arr.shape != t.dims:
+            raise ShapeError(f"parameter {t.label!r}: init array of shape {arr.shape} does not match its dims {t.dims}")
+        return arr
+    if callable(init):
+        return init(t)
+    return default_init(t)
+
+
+def default_init(t: Tensor):
+    """Glorot uniform for a weight (a parameter with input axes), 0 for a bias."""
+    if not t._shape.input.dims:
+        return Fetch(t.value, Constant(0.0))
+    from ocannl import init as init_mod
+
+    return init_mod.glorot_uniform(t)
+
+# ---------------------------------------------------------------------------------------------
+# Pointwise operations.
 
 
 def _pointwise(op: str, operands: Sequence, label: str | None, spec: str | None = None,

@@ -19,7 +19,11 @@ import numpy as np
 
 from ocannl import session
 from ocannl.errors import SessionError, ShapeError
+from ocannl.lowlevel import dtypes
+from ocannl.lowlevel.assignments import Assignment, Block, Computation
+from ocannl.lowlevel.dtypes import DType
 from ocannl.lowlevel.indexing import IndexSymbol, Projections
+from ocannl.lowlevel.tnode import TNode
 from ocannl.shape import solver as solver_mod
 from ocannl.shape.logic import ShapeLogic
 from ocannl.shape.projections import derive_projections
@@ -89,7 +93,7 @@ class Tensor:
     def __init__(self, *, op: str, label: str, shape: Shape, operands: Sequence["Tensor"] = (),
                  logic: ShapeLogic | None = None, data: np.ndarray | None = None,
                  init: Any = None, symbol: IndexSymbol | None = None, attrs: dict | None = None,
-                 source: str = ""):
+                 source: str = "", dtype: DType = dtypes.DEFAULT):
         self.id = next(_tensor_ids)
         self.op = op
         self.label = label
@@ -101,7 +105,11 @@ class Tensor:
         self.symbol = symbol
         self.attrs = attrs or {}
         self.source = source
+        self.dtype = dtype
         self._projections: Projections | None = None
+        self._value: TNode | None = None
+        self._host_value: np.ndarray | None = None
+        self._context = None  # the context that last computed this tensor
 
     # -- shapes --------------------------------------------------------------------------------
 
@@ -137,6 +145,68 @@ class Tensor:
             dims = [self._shape.dims()] + [sh.dims() for sh in operand_shapes]
             self._projections = derive_projections(slots, dims, debug=f"{self.op} {self.label}")
         return self._projections
+
+    # -- values --------------------------------------------------------------------------------
+
+    @property
+    def value(self) -> TNode:
+        """The buffer holding this tensor's value (its dims are this tensor's inferred dims)."""
+        if self._value is None:
+            self._value = TNode(self.label, dims=lambda: self.dims, dtype=self.dtype)
+        return self._value
+
+    @property
+    def is_constant(self) -> bool:
+        """A number: inlined into the code that reads it, it has no buffer."""
+        return self.op == "number"
+
+    def forward_code(self) -> Assignment:
+        """This op's own forward assignment (see the op catalog, ops.py)."""
+        return _ops().forward_code(self)
+
+    def to_computation(self) -> Computation:
+        """The forward code of this tensor and everything it is computed from, in creation order
+        (operands before results), with the initializers of its parameters and data."""
+        finish_inference()
+        graph = subgraph(self)
+        body = Block(tuple(u.forward_code() for u in graph if u.logic is not None or u.op == "embed_index"),
+                     comment=f"{self.label} forward")
+        inits = tuple(init for u in graph if (init := u.initializer()) is not None)
+        return Computation(f"{self.label}_fwd", body, inits)
+
+    def initializer(self) -> tuple[TNode, Any] | None:
+        """How a leaf gets its value before the first run: host data (an array) or init code."""
+        if self._host_value is not None:
+            return (self.value, self._host_value)
+        if self.op == "tensor":
+            return (self.value, self.data)
+        if self.is_param:
+            return (self.value, _ops().param_init_code(self))
+        return None
+
+    def numpy(self) -> np.ndarray:
+        """The value as a numpy array of shape ``t.dims``. If no context computed this tensor yet,
+        compiles and runs its forward code on the default context."""
+        if self.is_constant:
+            return np.full(self.dims, self.data, dtype=self.dtype.storage)
+        ctx = self._context
+        if ctx is None or not ctx.has_value(self.value):
+            from ocannl.backends.base import default_context
+
+            ctx = default_context()
+            routine = ctx.compile(self)
+            routine.run()
+        return ctx.get(self.value)
+
+    def set(self, array) -> None:
+        """Give this tensor a value: before compiling, it is kept (a parameter is then not
+        initialized); afterwards, the next run of the context that holds it sees it."""
+        arr = np.asarray(array)
+        if tuple(arr.shape) != self.dims:
+            raise ShapeError(f"{self.label}.set: expected an array of shape {self.dims}, got {arr.shape}")
+        self._host_value = arr
+        if self._context is not None:
+            self._context.set(self.value, arr)
 
     # -- Python protocol -----------------------------------------------------------------------
 
@@ -184,6 +254,18 @@ class Tensor:
         return lambda *args, **kw: fn(self, *args, **kw)
 
 
+def subgraph(t: Tensor) -> list[Tensor]:
+    """``t`` and every tensor it is computed from, in creation order (operands first)."""
+    seen: dict[int, Tensor] = {}
+    stack = [t]
+    while stack:
+        u = stack.pop()
+        if u.id not in seen:
+            seen[u.id] = u
+            stack.extend(u.operands)
+    return [seen[i] for i in sorted(seen)]
+
+
 def _ops():
     from ocannl import ops
 
@@ -224,18 +306,26 @@ def leaf(op: str, label: str, batch: Row, output: Row, input: Row, *, is_param: 
     return t
 
 
-def tensor(array, batch: int = 0, input: int = 0, label: str | None = None) -> Tensor:
+def tensor(array, batch: int = 0, input: int = 0, label: str | None = None,
+           dtype: DType | str | None = None) -> Tensor:
     """Data from a numpy array (or nested lists): the first ``batch`` axes are batch axes, the
-    last ``input`` axes input axes, the rest output axes (shared/DESIGN.md §4)."""
+    last ``input`` axes input axes, the rest output axes (shared/DESIGN.md §4). Float data is
+    float32 unless ``dtype`` says otherwise; integer data int32 (indices, e.g. for ``oc.take``)."""
     arr = np.asarray(array)
     if arr.dtype.kind not in "fiub":
         raise TypeError(f"oc.tensor: expected numeric data, got dtype {arr.dtype}")
+    if dtype is None:
+        dtype = dtypes.DEFAULT if arr.dtype.kind in "fb" else dtypes.by_name("int32")
+    elif isinstance(dtype, str):
+        dtype = dtypes.by_name(dtype)
+    arr = dtypes.float32_to_bfloat16_bits(arr) if dtype is dtypes.bfloat16 else arr.astype(dtype.storage)
     if batch < 0 or input < 0 or batch + input > arr.ndim:
         raise ShapeError(
             f"oc.tensor: batch={batch} and input={input} axes do not fit an array of shape {arr.shape}")
     dims = arr.shape
     b, o, i = dims[:batch], dims[batch:arr.ndim - input], dims[arr.ndim - input:]
-    return leaf("tensor", label or "tensor", Row.closed(b), Row.closed(o), Row.closed(i), data=arr)
+    return leaf("tensor", label or "tensor", Row.closed(b), Row.closed(o), Row.closed(i), data=arr,
+                dtype=dtype)
 
 
 def number(value: float | int) -> Tensor:

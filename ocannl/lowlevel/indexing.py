@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Callable, Union
+
+from ocannl import session
 
 _symbol_ids = itertools.count(1)
 
 
+@session.on_reset
 def reset_symbol_ids() -> None:
     """Restart symbol numbering (part of resetting the session state between tests)."""
     global _symbol_ids
@@ -112,6 +115,25 @@ def index_symbols(idx: AxisIndex) -> tuple[AnySymbol, ...]:
     return ()
 
 
+def index_bounds(
+    idx: AxisIndex, symbol_bounds: Callable[[AnySymbol], tuple[int, int] | None]
+) -> tuple[int, int] | None:
+    """The least and greatest value ``idx`` takes when each symbol ``s`` ranges over the closed
+    interval ``symbol_bounds(s)`` (``None``: unknown, and then so is the result). Lowering uses
+    it to find padded reads, the interpreter to skip bounds checks it can prove."""
+    if isinstance(idx, Fixed):
+        return idx.index, idx.index
+    terms, lo = (((1, idx.symbol),), 0) if isinstance(idx, Iter) else (idx.terms, idx.offset)
+    hi = lo
+    for c, s in terms:
+        bounds = symbol_bounds(s)
+        if bounds is None:
+            return None
+        lo += min(c * bounds[0], c * bounds[1])
+        hi += max(c * bounds[0], c * bounds[1])
+    return lo, hi
+
+
 @dataclass(frozen=True)
 class Projections:
     """How one accumulating assignment iterates (spec/backend.md §2.1).
@@ -146,6 +168,7 @@ class Projections:
     def is_surjective(self) -> bool:
         """Every cell of the result is written by some iteration."""
         covered = 0
+        seen: set[AnySymbol] = set()
         iter_extent = dict(zip(self.product_iterators, self.product_space))
         for idx, d in zip(self.project_lhs, self.lhs_dims):
             if isinstance(idx, Fixed):
@@ -154,6 +177,9 @@ class Projections:
             elif isinstance(idx, Iter):
                 if isinstance(idx.symbol, IndexSymbol) or iter_extent.get(idx.symbol) != d:
                     return False
+                if idx.symbol in seen:  # a repeated loop (a diagonal) leaves cells unwritten
+                    return False
+                seen.add(idx.symbol)
             else:
                 return False
             covered += 1

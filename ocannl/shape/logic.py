@@ -110,13 +110,19 @@ class BatchSlice(ShapeLogic):
 
     def constraints(self, result, operands, origin):
         (s,) = operands
-        lead: Dim = self.symbol.size if self.symbol.size is not None else DimVar(self.symbol.name)
+        # The sliced axis is a variable equated with the symbol's size by its own equation, so
+        # that a size mismatch names the index symbol rather than the result.
+        lead = DimVar(self.symbol.name)
         rb = result.batch
         sliced = Row((lead,) + rb.beg, rb.var, rb.end) if rb.var is not None else Row.closed((lead,) + rb.end)
-        where = ("result", "sliced operand")
-        return [RowEq(s.batch, sliced, origin, Where("batch", None, where)),
-                RowEq(s.output, result.output, origin, Where("output", None, where)),
-                RowEq(s.input, result.input, origin, Where("input", None, where))]
+        where = ("sliced operand", "result")
+        out: list[Constraint] = [RowEq(s.batch, sliced, origin, Where("batch", None, where)),
+                                 RowEq(s.output, result.output, origin, Where("output", None, where)),
+                                 RowEq(s.input, result.input, origin, Where("input", None, where))]
+        if self.symbol.size is not None:
+            out.append(DimEq(lead, self.symbol.size, origin,
+                             Where("batch", 0, ("sliced operand", f"index symbol {self.symbol.name!r}"))))
+        return out
 
     def layout(self, result, operands, solver):
         (s,) = operands

@@ -122,3 +122,13 @@ def derive_projections(slots: list[list[Term]], dims: list[tuple[int, ...]], deb
         debug=debug,
     )
 
+
+
+
+def identity_projections(dims: tuple[int, ...], operand_dims: list[tuple[int, ...]],
+                         debug: str = "") -> Projections:
+    """Every operand indexed like the result, axis by axis (e.g. ``v =* 0.1`` over all of ``v``);
+    an operand of dims ``()`` (a constant) gets no indices."""
+    terms = [Loop(("axis", p), d) for p, d in enumerate(dims)]
+    slots = [terms] + [terms if od else [] for od in operand_dims]
+    return derive_projections(slots, [dims, *operand_dims], debug)

@@ -66,6 +66,12 @@ class Where:
     position: int | None = None
     sides: tuple[str, str] = ("result", "operand")
 
+    def row(self, side: int) -> str:
+        """The row of side ``side`` (0 or 1) in words, e.g. ``operand 1 output`` (a compose
+        names rows of different kinds, ``left operand input``, in its sides already)."""
+        name = self.sides[side]
+        return name if any(k in name for k in ("batch", "output", "input")) else f"{name} {self.kind}"
+
     def describe(self) -> str:
         if not self.kind:
             return ""
@@ -173,7 +179,9 @@ Constraint = Union[DimEq, DimIneq, RowEq, RowIneq, ConvDim, ConcatDim, AtLeast, 
 
 @dataclass
 class DimInfo:
-    bounds: list[tuple[int, Origin]] = field(default_factory=list)
+    # (size, origin, axis) of each use it broadcasts into; the axis is kept so that a mismatch
+    # found later, when the variable is solved, still names the axis of the use.
+    bounds: list[tuple[int, Origin, Where]] = field(default_factory=list)
     at_least: int = 0
     at_least_origin: Origin | None = None
     closes_to: int = 0
@@ -183,7 +191,7 @@ class DimInfo:
 
 @dataclass
 class RowInfo:
-    bounds: list[tuple[tuple[Dim, ...], Origin]] = field(default_factory=list)
+    bounds: list[tuple[tuple[Dim, ...], Origin, Where]] = field(default_factory=list)
     param: str | None = None
     kind: str = ""
     terminal: bool = False
@@ -204,6 +212,7 @@ class Solver:
         self.waiting: dict[Union[DimVar, RowVar], list[Constraint]] = defaultdict(list)
         self.queue: deque[Constraint] = deque()
         self.shapes: list[Shape] = []
+        self._unsolved: list[Shape] = []  # during finalize: the shapes that may hold open variables
         self.decisions: dict[Union[DimVar, RowVar], str] = {}
 
     # -- substitution --------------------------------------------------------------------------
@@ -305,14 +314,14 @@ class Solver:
                 target.closes_to = max(target.closes_to, info.closes_to)
                 if info.at_least > target.at_least:
                     target.at_least, target.at_least_origin = info.at_least, info.at_least_origin
-                for b, o in info.bounds:
-                    self.queue.append(DimIneq(b, value, o, where))
+                for b, o, w in info.bounds:
+                    self.queue.append(DimIneq(b, value, o, w))
             else:
                 if info.at_least and value < info.at_least:
                     raise shape_error(info.at_least_origin or origin, where,
                                       f"an axis of size {value} is indexed at position {info.at_least - 1}")
-                for b, o in info.bounds:
-                    self.queue.append(DimIneq(b, value, o, where))
+                for b, o, w in info.bounds:
+                    self.queue.append(DimIneq(b, value, o, w))
         self._wake(v)
 
     def _dim_ineq(self, c: DimIneq) -> None:
@@ -334,11 +343,11 @@ class Solver:
                 self.bind_dim(opnd, 1, c.origin, c.where)
                 return
             info = self.dim_info[opnd]
-            if any(b != res for b, _ in info.bounds):
+            if any(b != res for b, *_ in info.bounds):
                 # Used where it must broadcast into two different sizes: it can only be 1.
                 self.bind_dim(opnd, 1, c.origin, c.where)
                 return
-            info.bounds.append((res, c.origin))
+            info.bounds.append((res, c.origin, c.where))
             return
         self._wait(c, res, opnd)
 
@@ -478,8 +487,8 @@ class Solver:
                         self.dim_info[d].param = self.dim_info[d].param or info.param
                 if value.var is not None:
                     self._inherit_row_info(value.var, v, info)
-            for bound, o in info.bounds:
-                self.queue.append(RowIneq(Row.closed(bound), value, o, where))
+            for bound, o, w in info.bounds:
+                self.queue.append(RowIneq(Row.closed(bound), value, o, w))
         self._wake(v)
 
     def _row_ineq(self, c: RowIneq) -> None:
@@ -493,8 +502,8 @@ class Solver:
             if res.is_closed:
                 raise shape_error(
                     c.origin, where,
-                    f"too many axes in an operand: {where.sides[1]} has {n} {where.kind} axes, "
-                    f"{where.sides[0]} has {len(res.end)} (maybe `@` where `*` was meant?)")
+                    f"too many axes in an operand: {where.row(1)} has {n} axes, "
+                    f"{where.row(0)} has {len(res.end)} (maybe `@` where `*` was meant?)")
             assert res.var is not None
             fresh = tuple(DimVar() for _ in range(n - len(res.end)))
             self.bind_row(res.var, Row((), RowVar(), fresh), c.origin, where)
@@ -507,8 +516,8 @@ class Solver:
             if len(dims) < len(ob) + len(oe):
                 raise shape_error(
                     c.origin, where,
-                    f"too many axes in an operand: {where.sides[1]} has at least {len(ob) + len(oe)} "
-                    f"{where.kind} axes, {where.sides[0]} has {len(dims)}")
+                    f"too many axes in an operand: {where.row(1)} has at least {len(ob) + len(oe)} "
+                    f"axes, {where.row(0)} has {len(dims)}")
             self._pair_ineq(dims[:len(ob)], ob, c.origin, where, 0)
             self._pair_ineq(dims[len(dims) - len(oe):], oe, c.origin, where, len(dims) - len(oe))
             middle = dims[len(ob):len(dims) - len(oe)]
@@ -530,7 +539,7 @@ class Solver:
             # The operand's axes align right within the result's: what the result already
             # shows on its right is a bound the operand may close to (prefer generality: a
             # later, longer bound joins to the shorter one).
-            self.row_info[opnd.var].bounds.append((rest.end, c.origin))
+            self.row_info[opnd.var].bounds.append((rest.end, c.origin, where))
         pending = RowIneq(rest, Row((), opnd.var, ()), c.origin, where)
         self._wait(pending, rest.var, opnd.var)
 
@@ -562,7 +571,7 @@ class Solver:
         if not middle:
             self.bind_row(v, EMPTY_ROW, origin, where)
             return
-        self.row_info[v].bounds.append((middle, origin))
+        self.row_info[v].bounds.append((middle, origin, where))
 
     # -- finalization --------------------------------------------------------------------------
 
@@ -570,11 +579,13 @@ class Solver:
         """Close every variable of the epoch (spec §1.7), in stages, then make every tracked
         shape concrete. Raises a ShapeError naming a parameter whose dims nothing determines."""
         self.solve()
+        self._unsolved = list(self.shapes)
         stages = (
             self._close_param_rows_with_bounds,
             self._close_param_dims_with_bounds,
             self._close_result_dims,
             self._close_result_rows_with_bounds,
+            self._forbid_guessing_param_outputs,
             self._close_result_rows,
             self._close_remaining_rows,
         )
@@ -596,24 +607,41 @@ class Solver:
         # The substitutions stay (later projections resolve spec labels through them); the
         # epoch's bookkeeping goes, since every variable of it is now solved.
         self.shapes = []
+        self._unsolved = []
         self.waiting.clear()
         self.dim_info.clear()
         self.row_info.clear()
 
     def _open_vars(self) -> tuple[list[tuple[RowVar, Shape, str]], list[tuple[DimVar, Shape, str]]]:
+        """The open row and dim variables of the epoch's shapes, in the order of the shapes'
+        creation (each with the first shape and kind it occurs in).
+
+        Every closing stage rescans, so a scan must not cost the whole epoch each time: a shape
+        found concrete is dropped from ``_unsolved`` for good (substitutions only ever make rows
+        more concrete), which keeps finalization linear in the number of shapes when most of them
+        are solved online (bench/shape_scaling.py)."""
         rows: list[tuple[RowVar, Shape, str]] = []
         dims: list[tuple[DimVar, Shape, str]] = []
         seen: set[int] = set()
-        for shape in self.shapes:
+        still_open: list[Shape] = []
+        for shape in self._unsolved:
+            is_open = False
             for kind in ("batch", "output", "input"):
                 r = self.row(shape.row(kind))
-                if r.var is not None and r.var.id not in seen:
-                    seen.add(r.var.id)
-                    rows.append((r.var, shape, kind))
+                if r.var is not None:
+                    is_open = True
+                    if r.var.id not in seen:
+                        seen.add(r.var.id)
+                        rows.append((r.var, shape, kind))
                 for d in r.beg + r.end:
-                    if isinstance(d, DimVar) and d.id not in seen:
-                        seen.add(d.id)
-                        dims.append((d, shape, kind))
+                    if isinstance(d, DimVar):
+                        is_open = True
+                        if d.id not in seen:
+                            seen.add(d.id)
+                            dims.append((d, shape, kind))
+            if is_open:
+                still_open.append(shape)
+        self._unsolved = still_open
         return rows, dims
 
     def _decide_row(self, v: RowVar, dims: tuple[Dim, ...], why: str) -> None:
@@ -624,12 +652,19 @@ class Solver:
         self.decisions[v] = why
         self.bind_dim(v, n, Origin("closing"), Where())
 
+    def _resolved_bounds(self, info: RowInfo) -> list[tuple[Dim, ...]]:
+        """A row variable's bounds with every dim substituted: a bound is recorded when the use
+        is built, often before its dims are solved, and ``join_rows`` compares dims by value
+        (two uses of size 3 recorded as two distinct variables both solved to 3 must join to 3,
+        not to 1)."""
+        return [tuple(self.dim(d) for d in b) for b, *_ in info.bounds]
+
     def _close_param_rows_with_bounds(self) -> bool:
         done = False
         for v, shape, kind in self._open_vars()[0]:
             info = self.row_info.get(v)
             if shape.is_terminal and info is not None and info.bounds:
-                dims = join_rows([b for b, _ in info.bounds])
+                dims = join_rows(self._resolved_bounds(info))
                 self._decide_row(v, dims, f"learned from its use{'s' if len(info.bounds) > 1 else ''}")
                 done = True
         return done
@@ -652,7 +687,12 @@ class Solver:
             if info is None:
                 continue
             if info.closes_to:
-                self._decide_dim(v, info.closes_to, f"written at fixed index {info.closes_to - 1}")
+                # Written at fixed index k, it closes to k+1, unless another use indexes it
+                # further: that use fixes it larger (DESIGN.md §4; the original closes an
+                # ``At_least_dim n`` without a GLB to n, spec §1.7 stage 7).
+                n = max(info.closes_to, info.at_least)
+                self._decide_dim(v, n, f"written at fixed index {info.closes_to - 1}" if n == info.closes_to
+                                 else f"indexed at position {n - 1}")
             elif info.bounds:
                 self._decide_dim(v, info.bounds[0][0], "learned from its use")
             elif info.operand_of_one:
@@ -669,9 +709,28 @@ class Solver:
                 continue
             info = self.row_info.get(v)
             if info is not None and info.bounds:
-                self._decide_row(v, join_rows([b for b, _ in info.bounds]), "learned from its use")
+                self._decide_row(v, join_rows(self._resolved_bounds(info)), "learned from its use")
                 done = True
         return done
+
+    def _row_param(self, v: RowVar, shape: Shape, kind: str) -> tuple[str | None, str]:
+        """The parameter whose row ``v`` is (with that row's kind), or ``(None, kind)``."""
+        info = self.row_info.get(v)
+        if info is not None and info.param:
+            return info.param, info.kind or kind
+        return (shape.tensor_label if shape.is_param else None), kind
+
+    def _forbid_guessing_param_outputs(self) -> bool:
+        """A parameter's output row still open here was learned from no use. The next stage
+        closes result rows to no axes, which a parameter broadcasting into them would follow;
+        that is a guess, so it is an error naming the parameter, as in the original, which checks
+        terminal rows (stage 4) before closing the remaining ones (stage 6) (spec §1.7, §10
+        item 13: ``{w} * [3;4;5]`` and ``{x} + {y}`` are errors)."""
+        for v, shape, kind in self._open_vars()[0]:
+            param, pkind = self._row_param(v, shape, kind)
+            if param is not None and pkind == "output":
+                raise _unknown_param_output(param)
+        return False
 
     def _close_result_rows(self) -> bool:
         done = False
@@ -683,16 +742,24 @@ class Solver:
         return done
 
     def _close_remaining_rows(self) -> bool:
+        """Close the first open row to no axes; the earlier stages then get another chance
+        (closing it may teach them something). When closing it wakes no constraint, nothing
+        changed for them, so the next open row is closed in the same scan: the same decisions
+        as restarting, without rescanning once per row (which made finalization quadratic in
+        the number of such rows, e.g. parameters whose input rows only an einsum's ``...``
+        reduces)."""
+        done = False
         for v, shape, kind in self._open_vars()[0]:
-            info = self.row_info.get(v)
-            param = info.param if info is not None and info.param else (shape.tensor_label if shape.is_param else None)
-            if param is not None and kind == "output":
-                raise ShapeError(
-                    f"cannot infer the output dims of parameter {param!r}: nothing in its uses "
-                    f"determines them; specify output=... when creating it")
+            if v in self.row_subst:  # pragma: no cover - only vars left open are visited
+                continue
+            param, pkind = self._row_param(v, shape, kind)
+            if param is not None and pkind == "output":
+                raise _unknown_param_output(param)
             self._decide_row(v, (), "no axes needed")
-            return True
-        return False
+            done = True
+            if self.queue:
+                return True
+        return done
 
     def _close_remaining_dims(self) -> None:
         for v, shape, kind in self._open_vars()[1]:
@@ -702,8 +769,9 @@ class Solver:
             info = self.dim_info.get(v2, DimInfo())
             param = info.param or (shape.tensor_label if shape.is_param else None)
             if param is not None:
+                article = "an" if kind[0] in "aeiou" else "a"
                 raise ShapeError(
-                    f"cannot infer a {kind} dim of parameter {param!r}: nothing in its uses "
+                    f"cannot infer {article} {kind} dim of parameter {param!r}: nothing in its uses "
                     f"determines it; specify {kind}=... when creating it")
             n = max(info.at_least, 1)
             self._decide_dim(v2, n, "default" if n == 1 else f"indexed at position {n - 1}")
@@ -733,6 +801,12 @@ class Solver:
                 return self.decisions[d]
             d = self.dim_subst.get(d)  # type: ignore[assignment]
         return None
+
+
+def _unknown_param_output(param: str) -> ShapeError:
+    return ShapeError(
+        f"cannot infer the output dims of parameter {param!r}: nothing in its uses "
+        f"determines them; specify output=... when creating it")
 
 
 def join_rows(rows: list[tuple[Dim, ...]]) -> tuple[Dim, ...]:

@@ -1,0 +1,299 @@
+"""The runtime: backends, contexts and routines (spec/backend.md §8, simplified).
+
+A :class:`Backend` turns a :class:`~ocannl.lowlevel.ir.RoutineIR` into an executable; it sees the
+loop IR and the nodes, nothing of the tensor frontend. A :class:`Context` owns one backend and a
+buffer per node (a numpy array in the node's storage dtype, zero-filled when first used), and
+compiles computations into :class:`Routine` objects, each compiled once and run many times with
+different index symbol bindings (shared/DESIGN.md §4)::
+
+    ctx = Context.auto()                      # OCANNL_BACKEND, else the best available backend
+    step = ctx.compile(update, sgd)           # Computations, or objects with .to_computation()
+    step.run(batch_n=3)                       # bindings by index symbol name; they persist
+    ctx.get(w)                                # a copy of w's buffer; ctx.set(w, array)
+
+Compiling also initializes: each computation's ``inits`` runs once per context for the nodes
+that have no value on the context yet (host data is copied in; code runs in an init routine of
+its own). With ``debug_dir`` set
+(or ``OCANNL_DEBUG_DIR``), compiling writes ``<routine>.cd``, ``<routine>-unoptimized.ll`` and
+``<routine>.ll`` there (spec/backend.md §9).
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Protocol
+
+import numpy as np
+
+from ocannl import config, session
+from ocannl.errors import BackendUnavailable, IndexBindingError, OcannlError, SessionError, ShapeError
+from ocannl.lowlevel import dtypes
+from ocannl.lowlevel.assignments import ASSIGNMENT_TYPES, Assignment, Block, Computation, Init, format_cd
+from ocannl.lowlevel.indexing import IndexSymbol
+from ocannl.lowlevel.ir import RoutineIR, format_routine
+from ocannl.lowlevel.lower import lower_routine
+from ocannl.lowlevel.optimize import optimize
+from ocannl.lowlevel.tnode import TNode, sanitize_identifier
+
+
+class Executable(Protocol):
+    """A compiled routine: runs over the context's arrays with the index symbols bound."""
+
+    def run(self, buffers: Mapping[TNode, np.ndarray], bindings: Mapping[IndexSymbol, int]) -> None: ...
+
+
+class Backend(Protocol):
+    name: str
+
+    def available(self) -> tuple[bool, str]:
+        """Whether the backend works here, and a sentence saying why (or why not)."""
+        ...
+
+    def compile(self, routine: RoutineIR) -> Executable: ...
+
+
+@dataclass(frozen=True)
+class _Registration:
+    factory: Callable[[], Backend]
+    preference: int
+
+
+_registry: dict[str, _Registration] = {}
+
+
+def register_backend(name: str, factory: Callable[[], Backend], *, preference: int = 0) -> None:
+    """Make backend ``name`` selectable; :meth:`Context.auto` picks the available backend of
+    highest ``preference`` (interp has 0; shared/DESIGN.md §4 orders triton > c > interp)."""
+    _registry[name] = _Registration(factory, preference)
+
+
+def registered_backends() -> tuple[str, ...]:
+    """Backend names, most preferred first."""
+    return tuple(sorted(_registry, key=lambda n: -_registry[n].preference))
+
+
+def get_backend(name: str) -> Backend:
+    """A fresh instance of backend ``name``; :class:`BackendUnavailable` if it cannot run here."""
+    if name not in _registry:
+        raise BackendUnavailable(
+            f"unknown backend {name!r}; known backends: {', '.join(registered_backends())}"
+        )
+    backend = _registry[name].factory()
+    ok, reason = backend.available()
+    if not ok:
+        raise BackendUnavailable(f"backend {name!r} cannot run here: {reason}")
+    return backend
+
+
+def best_available() -> str:
+    for name in registered_backends():
+        if _registry[name].factory().available()[0]:
+            return name
+    raise BackendUnavailable("no backend can run here")
+
+
+def _interp() -> Backend:
+    from ocannl.backends.interp import InterpBackend
+
+    return InterpBackend()
+
+
+register_backend("interp", _interp, preference=0)
+
+
+@dataclass
+class ContextStats:
+    compilations: int = 0
+    """Calls of :meth:`Context.compile` (a routine with its init routine counts once)."""
+    runs: int = 0
+    """Routine runs, init routines included."""
+
+
+class Context:
+    """Buffers on one backend, and the routines compiled for them."""
+
+    def __init__(self, backend: str | None = None, *, debug_dir: str | Path | None = None):
+        """``backend`` (else the ``backend`` setting, else ``interp``) names the backend."""
+        self.backend = get_backend(config.get("backend", backend, "interp"))
+        self.stats = ContextStats()
+        self.debug_dir = config.get("debug_dir", None if debug_dir is None else str(debug_dir))
+        self._buffers: dict[TNode, np.ndarray] = {}
+
+    @classmethod
+    def auto(cls) -> Context:
+        """A context on the configured backend, else the best available one, made the process
+        default (:func:`default_context`)."""
+        ctx = cls(config.get("backend") or best_available())
+        set_default_context(ctx)
+        return ctx
+
+    @property
+    def backend_name(self) -> str:
+        return self.backend.name
+
+    @property
+    def debug_dir(self) -> Path | None:
+        return self._debug_dir
+
+    @debug_dir.setter
+    def debug_dir(self, path: str | Path | None) -> None:
+        self._debug_dir = None if path is None else Path(path)
+
+    # -- data -----------------------------------------------------------------------------------
+
+    def has_value(self, tnode: TNode) -> bool:
+        """Whether ``tnode`` has a buffer here: set by :meth:`set`, or used by a routine run."""
+        return tnode in self._buffers
+
+    def get(self, tnode: TNode) -> np.ndarray:
+        """A copy of ``tnode``'s value, of shape ``tnode.dims`` (bfloat16 values come back as
+        float32; uint4x32 values as uint32 with a trailing axis of 4)."""
+        if tnode not in self._buffers:
+            raise SessionError(
+                f"{tnode.debug_name} has no value on this context: run a routine that computes it, or set it"
+            )
+        array = self._buffers[tnode]
+        if tnode.dtype is dtypes.bfloat16:
+            return dtypes.bfloat16_bits_to_float32(array).copy()
+        return array.copy()
+
+    def set(self, tnode: TNode, array: Any) -> None:
+        """Give ``tnode`` the value ``array`` (converted to the node's precision; its shape must
+        be ``tnode.dims``, plus a trailing 4 for uint4x32)."""
+        value = np.asarray(array)
+        shape = _buffer_shape(tnode)
+        if value.shape != shape:
+            raise ShapeError(
+                f"cannot set {tnode.debug_name} (dims {tnode.dims}) from an array of shape {value.shape}"
+            )
+        if tnode.dtype is dtypes.bfloat16:
+            stored = dtypes.float32_to_bfloat16_bits(value.astype(np.float32))
+        else:
+            stored = value.astype(tnode.dtype.storage)
+        self._buffers[tnode] = np.ascontiguousarray(stored).copy()
+
+    def _buffer(self, tnode: TNode) -> np.ndarray:
+        if tnode not in self._buffers:
+            self._buffers[tnode] = np.zeros(_buffer_shape(tnode), dtype=tnode.dtype.storage)
+        return self._buffers[tnode]
+
+    # -- compilation ----------------------------------------------------------------------------
+
+    def compile(self, *items: Computation | Any) -> Routine:
+        """One routine running ``items`` in order: :class:`Computation` objects, or objects with
+        a ``to_computation()`` method (tensors, compiled as their forward code). First runs the
+        ``inits`` of nodes without a value here."""
+        if not items:
+            raise OcannlError("Context.compile needs at least one computation")
+        computations = [item if isinstance(item, Computation) else item.to_computation() for item in items]
+        name = "_then_".join(sanitize_identifier(c.name) or "routine" for c in computations)
+        self._initialize(name, computations)
+        body = computations[0].body if len(computations) == 1 else Block(tuple(c.body for c in computations))
+        routine = self._routine(name, body)
+        self.stats.compilations += 1
+        return routine
+
+    def _initialize(self, name: str, computations: list[Computation]) -> None:
+        """Give the nodes of ``inits`` without a value theirs: host data first, then one init
+        routine running the initialization code in order."""
+        pending: dict[TNode, Init] = {}
+        for c in computations:
+            for node, init in c.inits:
+                if not self.has_value(node):
+                    pending.setdefault(node, init)
+        code = []
+        for node, init in pending.items():
+            if isinstance(init, ASSIGNMENT_TYPES):
+                code.append(init)
+            else:
+                self.set(node, init)
+        if code:
+            self._routine(f"{name}_init", Block(tuple(code))).run()
+
+    def _routine(self, name: str, body: Assignment) -> Routine:
+        unoptimized = lower_routine(name, body)
+        names = [s.name for s in unoptimized.static_symbols]
+        if len(set(names)) != len(names):
+            raise IndexBindingError(
+                f"routine {name} uses two different index symbols of the same name: {names}"
+            )
+        optimized = optimize(unoptimized)
+        if self.debug_dir is not None:
+            self.debug_dir.mkdir(parents=True, exist_ok=True)
+            (self.debug_dir / f"{name}.cd").write_text(format_cd(name, body))
+            (self.debug_dir / f"{name}-unoptimized.ll").write_text(format_routine(unoptimized))
+            (self.debug_dir / f"{name}.ll").write_text(format_routine(optimized))
+        return Routine(self, optimized, self.backend.compile(optimized))
+
+    def __repr__(self) -> str:
+        return f"Context({self.backend_name!r}, {len(self._buffers)} buffers)"
+
+
+class Routine:
+    """A compiled routine of a context. Bindings persist between runs."""
+
+    def __init__(self, context: Context, ir: RoutineIR, executable: Executable):
+        self.context = context
+        self.ir = ir
+        self._executable = executable
+        self._symbols = {s.name: s for s in ir.static_symbols}
+        self._bindings: dict[IndexSymbol, int] = {}
+
+    @property
+    def name(self) -> str:
+        return self.ir.name
+
+    def run(self, **bindings: int) -> None:
+        """Bind index symbols by name (a value stays bound until changed), then run."""
+        for key, value in bindings.items():
+            self._bind(key, value)
+        missing = [s.name for s in self.ir.static_symbols if s not in self._bindings]
+        if missing:
+            raise IndexBindingError(
+                f"routine {self.name} reads index symbol(s) {', '.join(missing)} that have no value: "
+                f"pass them to run(), e.g. run({missing[0]}=0)"
+            )
+        buffers = {node: self.context._buffer(node) for node in self.ir.reads + self.ir.writes}
+        self._executable.run(buffers, self._bindings)
+        self.context.stats.runs += 1
+
+    def _bind(self, key: str, value: Any) -> None:
+        symbol = self._symbols.get(key)
+        if symbol is None:
+            known = ", ".join(self._symbols) or "none"
+            raise IndexBindingError(f"routine {self.name} has no index symbol {key!r} (it reads: {known})")
+        try:
+            v = operator.index(value)
+        except TypeError:
+            raise IndexBindingError(f"index symbol {key} must be bound to an int, got {value!r}") from None
+        if v < 0 or (symbol.size is not None and v >= symbol.size):
+            bound = f"[0, {symbol.size})" if symbol.size is not None else "[0, ...)"
+            raise IndexBindingError(f"index symbol {key} = {v} is outside {bound}")
+        self._bindings[symbol] = v
+
+    def __repr__(self) -> str:
+        return f"Routine({self.name!r})"
+
+
+def _buffer_shape(tnode: TNode) -> tuple[int, ...]:
+    return tnode.dims + ((4,) if tnode.dtype is dtypes.uint4x32 else ())
+
+
+_default: Context | None = None
+
+
+def default_context() -> Context:
+    """The process default context, made by :meth:`Context.auto` when there is none."""
+    return _default if _default is not None else Context.auto()
+
+
+def set_default_context(ctx: Context | None) -> None:
+    global _default
+    _default = ctx
+
+
+@session.on_reset
+def _forget_default_context() -> None:
+    set_default_context(None)

@@ -1,0 +1,6 @@
+"""The ``interp`` backend: the loop IR run by a Python interpreter over numpy buffers; the
+reference every other backend is compared to (shared/DESIGN.md §5)."""
+
+from ocannl.backends.interp.interpreter import InterpBackend, InterpExecutable
+
+__all__ = ["InterpBackend", "InterpExecutable"]

@@ -1,0 +1,525 @@
+"""The interpreter: the executable semantics of the loop IR, and the oracle of every backend.
+
+It walks a :class:`~ocannl.lowlevel.ir.RoutineIR` over numpy buffers. Each statement and
+expression is compiled once into a Python closure; a run binds the buffers and index symbols and
+calls the routine's closure. Semantics (spec/backend.md §4.2, shared/DESIGN.md §3):
+
+* Arithmetic runs in the expression's dtype with numpy scalars (``np.float32 * np.float32`` is one
+  float32 rounding), so a C compiler without contraction computes the same bits; ``fma`` rounds
+  once. The catalog's meaning of each operator is in ``ocannl/lowlevel/scalar_ops.py``; the
+  tables below implement it.
+* A store converts to the node's storage: float16 and bfloat16 round to nearest even.
+* Every access is bounds-checked, at compile time when the loop extents prove it in bounds, else
+  at run time: an index outside the buffer raises :class:`~ocannl.errors.OutOfBoundsError`
+  naming the buffer, the index, the dims, the statement and the loop indices, unless the load
+  has an ``oob_value`` (then it reads that value).
+* Integer division by zero raises ``ZeroDivisionError``; other integer results wrap around.
+
+Index arithmetic uses Python ints; numpy scalars carry values only.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import struct
+from fractions import Fraction
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from ocannl.errors import IndexBindingError, OutOfBoundsError
+from ocannl.lowlevel import dtypes
+from ocannl.lowlevel.dtypes import DType, DTypeError
+from ocannl.lowlevel.indexing import Affine, AxisIndex, Fixed, IndexSymbol, Iter, Symbol, index_bounds
+from ocannl.lowlevel.ir import (
+    Binary,
+    Cast,
+    Comment,
+    Const,
+    DeclareLocal,
+    EmbedIndex,
+    Expr,
+    Fill,
+    For,
+    GetLocal,
+    Load,
+    LoadDynamic,
+    Local,
+    LocalScope,
+    Namer,
+    RoutineIR,
+    Seq,
+    SetLocal,
+    Stmt,
+    Store,
+    StoreDynamic,
+    Ternary,
+    Unary,
+    format_routine,
+    format_stmt,
+)
+from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
+from ocannl.lowlevel.tnode import TNode
+
+Thunk = Callable[[], Any]
+
+
+class InterpBackend:
+    """The ``interp`` backend (registered in ``ocannl.backends.base``)."""
+
+    name = "interp"
+
+    def available(self) -> tuple[bool, str]:
+        return True, "pure Python and numpy: always available"
+
+    def compile(self, routine: RoutineIR) -> InterpExecutable:
+        return InterpExecutable(routine)
+
+
+class InterpExecutable:
+    """A routine compiled to closures. ``run`` takes the context's arrays (C-contiguous, the
+    node's storage dtype, uint4x32 with a trailing axis of 4) and the index symbol values."""
+
+    def __init__(self, routine: RoutineIR):
+        self.routine = routine
+        self._compiler = _Compiler(routine)
+        self._body = self._compiler.stmt(routine.body)
+
+    def run(self, buffers: Mapping[TNode, np.ndarray], bindings: Mapping[IndexSymbol, int]) -> None:
+        c = self._compiler
+        for node, slot in c.buffer_slots.items():
+            array = buffers[node]
+            if not array.flags.c_contiguous:
+                raise ValueError(f"the buffer of {node.debug_name} must be C-contiguous")
+            c.buffers[slot] = array.reshape(-1, 4) if node.dtype is dtypes.uint4x32 else array.reshape(-1)
+        for key, slot in c.register_slots.items():
+            if isinstance(key, IndexSymbol):
+                value = int(bindings[key])
+                if value < 0 or (key.size is not None and value >= key.size):
+                    raise IndexBindingError(f"index symbol {key.name} = {value} is outside [0, {key.size})")
+                c.registers[slot] = value
+        with np.errstate(all="ignore"):
+            self._body()
+
+
+class _Compiler:
+    """Turns IR trees into closures over two lists: ``registers`` (loop and index symbol values,
+    locals) and ``buffers`` (flat views of the node arrays, bound per run)."""
+
+    def __init__(self, routine: RoutineIR):
+        self.routine = routine
+        self.registers: list[Any] = []
+        self.register_slots: dict[Symbol | IndexSymbol | Local, int] = {}
+        self.buffers: list[np.ndarray | None] = []
+        self.buffer_slots: dict[TNode, int] = {}
+        self._loops: list[Symbol] = []
+        self._extents: dict[Symbol, int] = {}
+        self._statement: Stmt | None = None
+
+    def register(self, key: Symbol | IndexSymbol | Local) -> int:
+        if key not in self.register_slots:
+            self.register_slots[key] = len(self.registers)
+            self.registers.append(0)
+        return self.register_slots[key]
+
+    def buffer(self, node: TNode) -> int:
+        if node not in self.buffer_slots:
+            self.buffer_slots[node] = len(self.buffers)
+            self.buffers.append(None)
+        return self.buffer_slots[node]
+
+    # -- statements -----------------------------------------------------------------------------
+
+    def stmt(self, s: Stmt) -> Thunk:
+        regs, bufs = self.registers, self.buffers
+        match s:
+            case For(symbol=symbol, extent=extent, body=body):
+                r = self.register(symbol)
+                self._loops.append(symbol)
+                self._extents[symbol] = extent
+                run_body = self.stmt(body)
+                self._loops.pop()
+                del self._extents[symbol]
+
+                def run_for() -> None:
+                    for value in range(extent):
+                        regs[r] = value
+                        run_body()
+
+                return run_for
+            case Seq(stmts=stmts):
+                thunks = tuple(self.stmt(x) for x in stmts if not isinstance(x, Comment))
+
+                def run_seq() -> None:
+                    for thunk in thunks:
+                        thunk()
+
+                return run_seq
+            case Comment():
+                return lambda: None
+            case Store(tnode=node, indices=indices, value=value):
+                self._statement = s
+                k, offset = self.buffer(node), self.offset(node, indices, "write")
+                compute, store = self.expr(value), _to_storage(node.dtype)
+
+                def run_store() -> None:
+                    bufs[k][offset()] = store(compute())
+
+                return run_store
+            case StoreDynamic(tnode=node, axis=axis, position=position, indices=indices, value=value):
+                self._statement = s
+                k = self.buffer(node)
+                offset = self.offset(node, indices, "write", dynamic=(axis, position))
+                compute, store = self.expr(value), _to_storage(node.dtype)
+
+                def run_store_dynamic() -> None:
+                    bufs[k][offset()] = store(compute())
+
+                return run_store_dynamic
+            case Fill(tnode=node, value=value):
+                k, stored = self.buffer(node), _to_storage(node.dtype)(self.expr(value)())
+
+                def run_fill() -> None:
+                    bufs[k][...] = stored
+
+                return run_fill
+            case DeclareLocal(local=local):
+                r, zero = self.register(local), _zero(local.dtype)
+
+                def run_declare() -> None:
+                    regs[r] = zero
+
+                return run_declare
+            case SetLocal(local=local, value=value):
+                self._statement = s
+                r, compute = self.register(local), self.expr(value)
+
+                def run_set_local() -> None:
+                    regs[r] = compute()
+
+                return run_set_local
+        raise TypeError(f"not a loop IR statement: {s!r}")
+
+    # -- expressions ----------------------------------------------------------------------------
+
+    def expr(self, e: Expr) -> Thunk:
+        regs = self.registers
+        match e:
+            case Const(value=value, dtype=dtype):
+                constant = _constant(value, dtype)
+                return lambda: constant
+            case Load(tnode=node, indices=indices, oob_value=oob):
+                return self.load(node, self.offset(node, indices, "read", oob), oob)
+            case LoadDynamic(tnode=node, axis=axis, position=position, indices=indices):
+                return self.load(node, self.offset(node, indices, "read", dynamic=(axis, position)), None)
+            case Unary(op=op, x=x):
+                f, arg = _unary(op, e.dtype), self.expr(x)
+                return lambda: f(arg())
+            case Binary(op=op, a=a, b=b):
+                f, left, right = _binary(op, e.dtype), self.expr(a), self.expr(b)
+                return lambda: f(left(), right())
+            case Ternary(op=Ternop.WHERE, a=a, b=b, c=c):
+                cond, then, other = self.expr(a), self.expr(b), self.expr(c)
+                return lambda: then() if cond() != 0 else other()
+            case Ternary(op=Ternop.FMA, a=a, b=b, c=c):
+                f, x, y, z = _fma(e.dtype), self.expr(a), self.expr(b), self.expr(c)
+                return lambda: f(x(), y(), z())
+            case Ternary(op=Ternop.MUL3, a=a, b=b, c=c):
+                x, y, z = self.expr(a), self.expr(b), self.expr(c)
+                return lambda: x() * y() * z()
+            case Cast(x=x, dtype=dtype):
+                f, arg = _cast(x.dtype, dtype), self.expr(x)
+                return lambda: f(arg())
+            case EmbedIndex(index=index, dtype=dtype):
+                to_scalar, value = dtype.scalar, self.index_value(index)
+                return lambda: to_scalar(value())
+            case GetLocal(local=local):
+                r = self.register(local)
+                return lambda: regs[r]
+            case LocalScope(local=local, body=body):
+                r, zero = self.register(local), _zero(local.dtype)
+                statement = self._statement
+                run_body = self.stmt(body)
+                self._statement = statement
+
+                def scope() -> Any:
+                    regs[r] = zero
+                    run_body()
+                    return regs[r]
+
+                return scope
+        raise TypeError(f"not a loop IR expression: {e!r}")
+
+    def load(self, node: TNode, offset: Callable[[], int | None], oob: float | int | None) -> Thunk:
+        bufs, k, value = self.buffers, self.buffer(node), _from_storage(node.dtype)
+        if oob is None:
+            if value is None:
+                return lambda: bufs[k][offset()]
+            return lambda: value(bufs[k][offset()])
+        outside = _constant(oob, node.dtype.compute)
+        value = value or (lambda v: v)
+
+        def load_or_oob() -> Any:
+            o = offset()
+            return outside if o is None else value(bufs[k][o])
+
+        return load_or_oob
+
+    # -- indices --------------------------------------------------------------------------------
+
+    def offset(
+        self,
+        node: TNode,
+        indices: tuple[AxisIndex, ...],
+        access: str,
+        oob_value: float | int | None = None,
+        dynamic: tuple[int, Expr] | None = None,
+    ) -> Callable[[], int | None]:
+        """A closure computing the row-major offset of an access to ``node``; ``dynamic`` is a
+        data-dependent axis and its position. Out of bounds, the closure returns ``None`` when the
+        access has an ``oob_value`` and raises ``OutOfBoundsError`` otherwise. An access whose
+        indices are provably inside the dims (every loop's extent is known, and a run checks
+        index symbols against their size) is compiled to a linear form without checks."""
+        dims = node.dims
+        if dynamic is None and all(self._provably_within(i, d) for i, d in zip(indices, dims)):
+            return self._linear_offset(indices, dims)
+        axes = [self.index_value(i) for i in indices]
+        if dynamic is not None:
+            position = self.expr(dynamic[1])
+            axes.insert(dynamic[0], lambda: int(position()))
+        fail = (lambda values: None) if oob_value is not None else self._out_of_bounds(node, access)
+
+        def checked_offset() -> int | None:
+            values = tuple(a() for a in axes)
+            o = 0
+            for v, d in zip(values, dims):
+                if not 0 <= v < d:
+                    return fail(values)
+                o = o * d + v
+            return o
+
+        return checked_offset
+
+    def _provably_within(self, idx: AxisIndex, dim: int) -> bool:
+        def symbol_bounds(s: Symbol | IndexSymbol) -> tuple[int, int] | None:
+            if isinstance(s, IndexSymbol):
+                return None if s.size is None else (0, s.size - 1)
+            return (0, self._extents[s] - 1) if s in self._extents else None
+
+        bounds = index_bounds(idx, symbol_bounds)
+        return bounds is not None and 0 <= bounds[0] and bounds[1] < dim
+
+    def _linear_offset(self, indices: tuple[AxisIndex, ...], dims: tuple[int, ...]) -> Callable[[], int]:
+        """``base + sum(coefficient * register)``: the row-major offset as one affine form."""
+        regs, base, coefficients = self.registers, 0, {}
+        stride = 1
+        for idx, d in reversed(list(zip(indices, dims))):
+            match idx:
+                case Fixed(index=i):
+                    base += stride * i
+                case Iter(symbol=s):
+                    r = self.register(s)
+                    coefficients[r] = coefficients.get(r, 0) + stride
+                case Affine(terms=terms, offset=off):
+                    base += stride * off
+                    for c, s in terms:
+                        r = self.register(s)
+                        coefficients[r] = coefficients.get(r, 0) + stride * c
+            stride *= d
+        terms = tuple((c, r) for r, c in coefficients.items() if c)
+        if not terms:
+            return lambda: base
+        if len(terms) == 1:
+            ((c0, r0),) = terms
+            return lambda: c0 * regs[r0] + base
+        if len(terms) == 2:
+            (c0, r0), (c1, r1) = terms
+            return lambda: c0 * regs[r0] + c1 * regs[r1] + base
+        return lambda: base + sum(c * regs[r] for c, r in terms)
+
+    def index_value(self, idx: AxisIndex) -> Callable[[], int]:
+        regs = self.registers
+        match idx:
+            case Fixed(index=i):
+                return lambda: i
+            case Iter(symbol=s):
+                r = self.register(s)
+                return lambda: regs[r]
+            case Affine(terms=terms, offset=off):
+                pairs = tuple((c, self.register(s)) for c, s in terms)
+                return lambda: off + sum(c * regs[r] for c, r in pairs)
+        raise TypeError(f"not an axis index: {idx!r}")
+
+    def _out_of_bounds(self, node: TNode, access: str) -> Callable[[tuple[int, ...]], None]:
+        statement, loops, regs = self._statement, tuple(self._loops), self.registers
+
+        def fail(values: tuple[int, ...]) -> None:
+            namer = Namer()
+            format_routine(self.routine, namer)
+            bound = [f"{namer.symbol(s)}={regs[self.register_slots[s]]}" for s in loops]
+            bound += [
+                f"{s.name}={regs[r]}" for s, r in self.register_slots.items() if isinstance(s, IndexSymbol)
+            ]
+            where = format_stmt(statement, namer) if statement is not None else "?"
+            raise OutOfBoundsError(
+                f"out-of-bounds {access} of {node.debug_name} at index {values}: its dims are {node.dims}\n"
+                f"  in routine {self.routine.name}, statement: {where}\n"
+                f"  with {', '.join(bound) or 'no loop indices'}"
+            )
+
+        return fail
+
+
+# ---------------------------------------------------------------------------------------------
+# Values: numpy scalars of the compute type; uint4x32 values are arrays of 4 uint32.
+
+
+def _constant(value: Any, dtype: DType) -> Any:
+    if dtype is dtypes.uint4x32:
+        return np.array(value, dtype=np.uint32)
+    if dtype.is_float:
+        return dtype.scalar(value)
+    return dtypes.wrap_int(dtype, int(value))
+
+
+def _zero(dtype: DType) -> Any:
+    return _constant((0, 0, 0, 0) if dtype is dtypes.uint4x32 else 0, dtype)
+
+
+def _bfloat16_to_float32(bits: np.uint16) -> np.float32:
+    return np.uint32(int(bits) << 16).view(np.float32)
+
+
+def _float32_to_bfloat16(value: np.float32) -> np.uint16:
+    return dtypes.float32_to_bfloat16_bits(value)[()]
+
+
+def _from_storage(dtype: DType) -> Callable[[Any], Any] | None:
+    """Converts a stored cell to the node's compute type (``None``: it already is)."""
+    if dtype is dtypes.float16:
+        return np.float32
+    if dtype is dtypes.bfloat16:
+        return _bfloat16_to_float32
+    if dtype is dtypes.uint4x32:
+        return np.copy
+    return None
+
+
+def _to_storage(dtype: DType) -> Callable[[Any], Any]:
+    """Converts a compute-type value to what the node's buffer stores (numpy rounds float32 to
+    float16 on assignment)."""
+    return _float32_to_bfloat16 if dtype is dtypes.bfloat16 else (lambda v: v)
+
+
+def _unary(op: Unop, dtype: DType) -> Callable[[Any], Any]:
+    t = dtype.scalar
+    zero, one = t(0), t(1)
+    table: dict[Unop, Callable[[Any], Any]] = {
+        Unop.ID: lambda x: x,
+        Unop.RELU: lambda x: x if x > zero else zero,
+        Unop.SAT01: lambda x: zero if not x > zero else (x if x < one else one),
+        Unop.EXP: np.exp,
+        Unop.LOG: np.log,
+        Unop.EXP2: np.exp2,
+        Unop.LOG2: np.log2,
+        Unop.SIN: np.sin,
+        Unop.COS: np.cos,
+        Unop.SQRT: np.sqrt,
+        Unop.RECIP: lambda x: one / x,
+        Unop.RECIP_SQRT: lambda x: one / np.sqrt(x),
+        Unop.NEG: operator.neg,
+        Unop.TANH: np.tanh,
+        Unop.SIGMOID: lambda x: one / (one + np.exp(-x)),
+        Unop.ABS: abs,
+        Unop.NOT: lambda x: one if x == zero else zero,
+    }
+    return table[op]
+
+
+def _binary(op: Binop, dtype: DType) -> Callable[[Any, Any], Any]:
+    t = dtype.scalar
+    zero, one = t(0), t(1)
+    table: dict[Binop, Callable[[Any, Any], Any]] = {
+        Binop.ADD: operator.add,
+        Binop.SUB: operator.sub,
+        Binop.MUL: operator.mul,
+        Binop.DIV: operator.truediv if dtype.is_float else _int_div(dtype),
+        Binop.POW: np.power,
+        Binop.MAX: lambda a, b: a if a > b or b != b else b,
+        Binop.MIN: lambda a, b: a if a < b or b != b else b,
+        Binop.LT: lambda a, b: one if a < b else zero,
+        Binop.GT: lambda a, b: one if a > b else zero,
+        Binop.EQ: lambda a, b: one if a == b else zero,
+        Binop.NE: lambda a, b: one if a != b else zero,
+        Binop.RELU_GATE: lambda a, b: b if a > zero else zero,
+        Binop.SAT01_GATE: lambda a, b: b if zero < a < one else zero,
+        Binop.MOD: np.fmod if dtype.is_float else _int_mod(dtype),
+        Binop.AND: lambda a, b: one if a != zero and b != zero else zero,
+        Binop.OR: lambda a, b: one if a != zero or b != zero else zero,
+    }
+    return table[op]
+
+
+def _truncated_quotient(a: int, b: int) -> int:
+    q = abs(a) // abs(b)
+    return -q if (a < 0) != (b < 0) else q
+
+
+def _int_div(dtype: DType) -> Callable[[Any, Any], Any]:
+    return lambda a, b: dtypes.wrap_int(dtype, _truncated_quotient(int(a), int(b)))
+
+
+def _int_mod(dtype: DType) -> Callable[[Any, Any], Any]:
+    def mod(a: Any, b: Any) -> Any:
+        a, b = int(a), int(b)
+        return dtypes.wrap_int(dtype, a - b * _truncated_quotient(a, b))
+
+    return mod
+
+
+def _fma(dtype: DType) -> Callable[[Any, Any, Any], Any]:
+    if dtype is dtypes.float32:
+        return _fma_float32
+    if dtype is dtypes.float64:
+        return _fma_float64
+    return lambda a, b, c: dtypes.wrap_int(dtype, int(a) * int(b) + int(c))
+
+
+def _fma_float32(a: np.float32, b: np.float32, c: np.float32) -> np.float32:
+    """``a * b + c`` rounded once to float32. The product is exact in double; the sum is rounded
+    to odd in double (53 >= 24 + 2 bits), after which rounding to float32 is correct."""
+    p, z = float(a) * float(b), float(c)
+    s = p + z
+    if math.isfinite(s):
+        v = s - p
+        err = (p - (s - v)) + (z - v)  # TwoSum: p + z == s + err exactly
+        if err != 0 and not struct.unpack("<Q", struct.pack("<d", s))[0] & 1:
+            s = math.nextafter(s, math.inf if err > 0 else -math.inf)
+    return np.float32(s)
+
+
+def _fma_float64(a: np.float64, b: np.float64, c: np.float64) -> np.float64:
+    """``a * b + c`` rounded once, through exact rationals (``Fraction`` to float rounds
+    correctly)."""
+    if not (math.isfinite(a) and math.isfinite(b) and math.isfinite(c)):
+        return np.float64(float(a) * float(b) + float(c))
+    exact = Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c))
+    try:
+        return np.float64(float(exact))
+    except OverflowError:
+        return np.float64(math.inf if exact > 0 else -math.inf)
+
+
+def _cast(source: DType, target: DType) -> Callable[[Any], Any]:
+    if target.is_float:
+        return target.scalar
+    if source.is_float:
+
+        def float_to_int(v: Any) -> Any:
+            if not math.isfinite(v):
+                raise DTypeError(f"cannot convert {v} to {target.name}")
+            return dtypes.wrap_int(target, int(v))
+
+        return float_to_int
+    return lambda v: dtypes.wrap_int(target, int(v))

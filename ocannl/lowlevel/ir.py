@@ -1,0 +1,579 @@
+"""The loop IR: what every backend consumes (spec/backend.md §4, simplified).
+
+Statements are loops, sequences, stores and whole-buffer fills; scalar expressions are typed
+trees. The IR is built for four consumers — the interpreter, C, Triton and MSL emitters — so it
+keeps explicit what each of them needs:
+
+* Loops run ``0 <= i < extent`` and know whether they are ``PARALLEL`` (every store in the body
+  writes a cell indexed by the loop's own index, so iterations touch disjoint cells) or
+  ``REDUCTION`` (:func:`loop` decides).
+* Every expression knows its :class:`~ocannl.lowlevel.dtypes.DType`, always a compute type
+  (dtypes.py): a :class:`Load` of a float16 or bfloat16 node yields float32, and a store rounds
+  to the node's precision. Operands of an operator have the operator's type; conversions are
+  explicit :class:`Cast` nodes, so emitters never infer a type.
+* Buffer indices are :data:`~ocannl.lowlevel.indexing.AxisIndex` values, affine in loop symbols
+  and static index symbols (bound at run time), except one axis of :class:`LoadDynamic` /
+  :class:`StoreDynamic`, indexed by a data-dependent integer (``oc.take`` and its gradient).
+* A :class:`Load` with ``oob_value`` reads that value where its index leaves the buffer (the
+  margins of padded convolutions); any other out-of-bounds access is an error.
+
+Locals (:class:`Local`, :class:`DeclareLocal`, :class:`SetLocal`, :class:`GetLocal`,
+:class:`LocalScope`) are scalar variables for the optimizer's virtualization and CSE passes
+(spec/backend.md §5); lowering does not produce them.
+
+The ``.ll`` printer (:func:`format_routine`) numbers loop indices ``i0, i1, ...`` and locals
+``v0, v1, ...`` by first appearance in each routine, so printed files do not depend on the global
+symbol counter.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Iterator, Union
+
+from ocannl.errors import ShapeError
+from ocannl.lowlevel import dtypes
+from ocannl.lowlevel.assignments import format_number, format_static_symbols
+from ocannl.lowlevel.dtypes import DType, DTypeError
+from ocannl.lowlevel.indexing import (
+    Affine,
+    AnySymbol,
+    AxisIndex,
+    Fixed,
+    IndexSymbol,
+    Iter,
+    Symbol,
+    index_symbols,
+)
+from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
+from ocannl.lowlevel.tnode import TNode
+
+# ---------------------------------------------------------------------------------------------
+# Scalar expressions
+
+
+@dataclass(frozen=True, eq=False)
+class Local:
+    """A scalar variable of one routine. Identity is the object."""
+
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Const:
+    """A constant; for uint4x32, ``value`` is a tuple of its four lanes."""
+
+    value: float | int | tuple[int, int, int, int]
+    dtype: DType = dtypes.DEFAULT
+
+    def __post_init__(self) -> None:
+        _require_compute(self.dtype, "a constant")
+
+
+@dataclass(frozen=True)
+class Load:
+    """``tnode[indices]``; with ``oob_value``, an index outside the dims reads ``oob_value``."""
+
+    tnode: TNode
+    indices: tuple[AxisIndex, ...]
+    oob_value: float | int | None = None
+
+    def __post_init__(self) -> None:
+        _check_rank(self.tnode, len(self.indices))
+
+    @property
+    def dtype(self) -> DType:
+        return self.tnode.dtype.compute
+
+
+@dataclass(frozen=True)
+class LoadDynamic:
+    """``tnode[indices[:axis] + (position,) + indices[axis:]]``: axis ``axis`` is indexed by the
+    integer value of ``position`` (``oc.take``). A position outside ``[0, dims[axis])`` is an
+    error: the interpreter raises ``OutOfBoundsError``; emitters check or clamp (documented per
+    backend)."""
+
+    tnode: TNode
+    axis: int
+    position: Expr
+    indices: tuple[AxisIndex, ...]
+
+    def __post_init__(self) -> None:
+        _check_dynamic(self.tnode, self.axis, self.position, self.indices)
+
+    @property
+    def dtype(self) -> DType:
+        return self.tnode.dtype.compute
+
+
+@dataclass(frozen=True)
+class Unary:
+    op: Unop
+    x: Expr
+
+    def __post_init__(self) -> None:
+        _check_operator(self.op, (self.x.dtype,))
+
+    @property
+    def dtype(self) -> DType:
+        return self.x.dtype
+
+
+@dataclass(frozen=True)
+class Binary:
+    op: Binop
+    a: Expr
+    b: Expr
+
+    def __post_init__(self) -> None:
+        _check_operator(self.op, (self.a.dtype, self.b.dtype))
+
+    @property
+    def dtype(self) -> DType:
+        return self.a.dtype
+
+
+@dataclass(frozen=True)
+class Ternary:
+    """``where(a, b, c)`` (``a`` may have any scalar type; only the chosen branch is evaluated),
+    ``fma(a, b, c)`` or ``mul3(a, b, c)``."""
+
+    op: Ternop
+    a: Expr
+    b: Expr
+    c: Expr
+
+    def __post_init__(self) -> None:
+        if self.op is Ternop.WHERE:
+            _check_operator(self.op, (self.b.dtype, self.c.dtype))
+            _require_compute(self.a.dtype, "a where condition")
+        else:
+            _check_operator(self.op, (self.a.dtype, self.b.dtype, self.c.dtype))
+
+    @property
+    def dtype(self) -> DType:
+        return self.b.dtype
+
+
+@dataclass(frozen=True)
+class Cast:
+    """``x`` converted to ``dtype``: floats round to nearest even, floats to integers truncate
+    toward zero, integers wrap (dtypes.round_to)."""
+
+    x: Expr
+    dtype: DType
+
+    def __post_init__(self) -> None:
+        _require_compute(self.dtype, "a cast")
+        if dtypes.uint4x32 in (self.x.dtype, self.dtype):
+            raise DTypeError("uint4x32 values convert only through the PRNG operations, not casts")
+
+
+@dataclass(frozen=True)
+class EmbedIndex:
+    """The integer value of an index expression (a loop index, a static index symbol, an affine
+    combination) as a scalar of ``dtype``."""
+
+    index: AxisIndex
+    dtype: DType = dtypes.INDEX
+
+    def __post_init__(self) -> None:
+        if self.dtype.is_float or self.dtype is dtypes.uint4x32:
+            raise DTypeError(f"an embedded index is an integer, not {self.dtype.name}")
+
+
+@dataclass(frozen=True)
+class GetLocal:
+    local: Local
+
+    @property
+    def dtype(self) -> DType:
+        return self.local.dtype
+
+
+@dataclass(frozen=True)
+class LocalScope:
+    """``let local = 0 in (run body; local)``: an expression computed by statements."""
+
+    local: Local
+    body: Stmt
+
+    @property
+    def dtype(self) -> DType:
+        return self.local.dtype
+
+
+Expr = Union[Const, Load, LoadDynamic, Unary, Binary, Ternary, Cast, EmbedIndex, GetLocal, LocalScope]
+
+# ---------------------------------------------------------------------------------------------
+# Statements
+
+
+class LoopKind(enum.Enum):
+    PARALLEL = "parallel"
+    REDUCTION = "reduction"
+
+
+@dataclass(frozen=True)
+class For:
+    """``for symbol in range(extent): body``. Build with :func:`loop`, which sets ``kind``."""
+
+    symbol: Symbol
+    extent: int
+    body: Stmt
+    kind: LoopKind
+
+
+@dataclass(frozen=True)
+class Seq:
+    stmts: tuple[Stmt, ...]
+
+
+@dataclass(frozen=True)
+class Store:
+    """``tnode[indices] := value``, rounding ``value`` to the node's precision."""
+
+    tnode: TNode
+    indices: tuple[AxisIndex, ...]
+    value: Expr
+
+    def __post_init__(self) -> None:
+        _check_rank(self.tnode, len(self.indices))
+        _check_store_type(self.tnode, self.value)
+
+
+@dataclass(frozen=True)
+class StoreDynamic:
+    """The store counterpart of :class:`LoadDynamic` (scatter-add of the ``oc.take`` gradient)."""
+
+    tnode: TNode
+    axis: int
+    position: Expr
+    indices: tuple[AxisIndex, ...]
+    value: Expr
+
+    def __post_init__(self) -> None:
+        _check_dynamic(self.tnode, self.axis, self.position, self.indices)
+        _check_store_type(self.tnode, self.value)
+
+
+@dataclass(frozen=True)
+class Fill:
+    """Every cell of ``tnode`` := ``value``."""
+
+    tnode: TNode
+    value: Const
+
+    def __post_init__(self) -> None:
+        _check_store_type(self.tnode, self.value)
+
+
+@dataclass(frozen=True)
+class Comment:
+    text: str
+
+
+@dataclass(frozen=True)
+class DeclareLocal:
+    """Introduce ``local`` (initialized to 0) for the rest of the enclosing sequence."""
+
+    local: Local
+
+
+@dataclass(frozen=True)
+class SetLocal:
+    local: Local
+    value: Expr
+
+    def __post_init__(self) -> None:
+        if self.value.dtype is not self.local.dtype:
+            raise DTypeError(f"a {self.local.dtype.name} local cannot hold a {self.value.dtype.name} value")
+
+
+Stmt = Union[For, Seq, Store, StoreDynamic, Fill, Comment, DeclareLocal, SetLocal]
+
+
+def seq(*stmts: Stmt) -> Stmt:
+    """A statement running ``stmts`` in order: nested sequences flattened, a single statement
+    returned as itself, none as the empty sequence."""
+    flat: list[Stmt] = []
+    for s in stmts:
+        flat.extend(s.stmts if isinstance(s, Seq) else (s,))
+    return flat[0] if len(flat) == 1 else Seq(tuple(flat))
+
+
+def loop(symbol: Symbol, extent: int, body: Stmt) -> For:
+    """A loop, ``PARALLEL`` when its iterations write disjoint cells: every store in ``body``
+    indexes some axis by the bare loop index, and the body sets no local declared outside it.
+    Otherwise ``REDUCTION`` (spec/backend.md §4, shared/DESIGN.md §5)."""
+    stores = [s for s in iter_stmts(body) if isinstance(s, (Store, StoreDynamic))]
+    declared = {s.local for s in iter_stmts(body) if isinstance(s, DeclareLocal)}
+    parallel = (
+        bool(stores)
+        and all(Iter(symbol) in s.indices for s in stores)
+        and all(s.local in declared for s in iter_stmts(body) if isinstance(s, SetLocal))
+    )
+    return For(symbol, extent, body, LoopKind.PARALLEL if parallel else LoopKind.REDUCTION)
+
+
+def iter_stmts(stmt: Stmt) -> Iterator[Stmt]:
+    """``stmt`` and every statement nested in it (also inside local scopes), in program order."""
+    yield stmt
+    match stmt:
+        case For(body=body):
+            yield from iter_stmts(body)
+        case Seq(stmts=stmts):
+            for s in stmts:
+                yield from iter_stmts(s)
+    for e in stmt_exprs(stmt):
+        for sub in iter_exprs(e):
+            if isinstance(sub, LocalScope):
+                yield from iter_stmts(sub.body)
+
+
+def stmt_exprs(stmt: Stmt) -> tuple[Expr, ...]:
+    """The expressions a statement evaluates itself (not those of nested statements)."""
+    match stmt:
+        case Store(value=v) | SetLocal(value=v) | Fill(value=v):
+            return (v,)
+        case StoreDynamic(position=p, value=v):
+            return (p, v)
+    return ()
+
+
+def iter_exprs(e: Expr) -> Iterator[Expr]:
+    """``e`` and its sub-expressions, pre-order (not entering local scope bodies)."""
+    yield e
+    match e:
+        case Unary(x=x) | Cast(x=x):
+            yield from iter_exprs(x)
+        case Binary(a=a, b=b):
+            yield from iter_exprs(a)
+            yield from iter_exprs(b)
+        case Ternary(a=a, b=b, c=c):
+            yield from iter_exprs(a)
+            yield from iter_exprs(b)
+            yield from iter_exprs(c)
+        case LoadDynamic(position=p):
+            yield from iter_exprs(p)
+
+
+@dataclass(frozen=True)
+class RoutineIR:
+    """One compiled unit: a body plus what the runtime needs to know about it (the index symbols
+    to bind before a run, and the nodes it reads and writes, in order of first access)."""
+
+    name: str
+    body: Stmt
+    static_symbols: tuple[IndexSymbol, ...] = field(init=False)
+    reads: tuple[TNode, ...] = field(init=False)
+    writes: tuple[TNode, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        symbols: dict[IndexSymbol, None] = {}
+        reads: dict[TNode, None] = {}
+        writes: dict[TNode, None] = {}
+        for stmt in iter_stmts(self.body):
+            exprs = [sub for e in stmt_exprs(stmt) for sub in iter_exprs(e)]
+            accesses: list[tuple[AxisIndex, ...]] = []
+            for e in exprs:
+                if isinstance(e, (Load, LoadDynamic)):
+                    reads[e.tnode] = None
+                    accesses.append(e.indices)
+                elif isinstance(e, EmbedIndex):
+                    accesses.append((e.index,))
+            if isinstance(stmt, (Store, StoreDynamic, Fill)):
+                writes[stmt.tnode] = None
+            if isinstance(stmt, (Store, StoreDynamic)):
+                accesses.append(stmt.indices)
+            for idx in (i for a in accesses for i in a):
+                symbols.update((s, None) for s in index_symbols(idx) if isinstance(s, IndexSymbol))
+        object.__setattr__(self, "static_symbols", tuple(symbols))
+        object.__setattr__(self, "reads", tuple(reads))
+        object.__setattr__(self, "writes", tuple(writes))
+
+
+# ---------------------------------------------------------------------------------------------
+# Type checks: they catch a malformed IR where it is built, not in a backend.
+
+
+def _require_compute(dtype: DType, what: str) -> None:
+    if not dtype.is_compute_type:
+        raise DTypeError(
+            f"{what} cannot have type {dtype.name}: {dtype.name} is a storage type, computed as float32"
+        )
+
+
+def _check_rank(tnode: TNode, n: int) -> None:
+    if n != len(tnode.dims):
+        raise ShapeError(f"{tnode.debug_name} has dims {tnode.dims} but is accessed with {n} indices")
+
+
+def _check_dynamic(tnode: TNode, axis: int, position: Expr, indices: tuple[AxisIndex, ...]) -> None:
+    _check_rank(tnode, len(indices) + 1)
+    if not 0 <= axis <= len(indices):
+        raise ShapeError(f"{tnode.debug_name}: dynamic axis {axis} out of range for dims {tnode.dims}")
+    if position.dtype.is_float or position.dtype is dtypes.uint4x32:
+        raise DTypeError(f"a dynamic index must be an integer, not {position.dtype.name}: cast it")
+
+
+def _check_store_type(tnode: TNode, value: Expr) -> None:
+    if value.dtype is not tnode.dtype.compute:
+        raise DTypeError(
+            f"storing a {value.dtype.name} value into {tnode.debug_name} ({tnode.dtype.name}) "
+            f"needs a {tnode.dtype.compute.name} value: cast it"
+        )
+
+
+def _check_operator(op: Unop | Binop | Ternop, operand_types: tuple[DType, ...]) -> None:
+    first = operand_types[0]
+    if any(t is not first for t in operand_types):
+        names = ", ".join(t.name for t in operand_types)
+        raise DTypeError(f"{op.value} needs operands of one type, got {names}: cast them")
+    _require_compute(first, f"an operand of {op.value}")
+    if first is dtypes.uint4x32:
+        raise DTypeError(f"{op.value} is not defined on uint4x32 values")
+    if op.float_only and not first.is_float:
+        raise DTypeError(f"{op.value} is defined on floats only, got {first.name}: cast the operand")
+
+
+# ---------------------------------------------------------------------------------------------
+# The .ll printer (spec/backend.md §4.3)
+
+WIDTH = 100
+"""Lines of a loop that fit in this many columns print on one line."""
+
+
+class Namer:
+    """Names loop symbols ``i0, i1, ...`` and locals ``v0, v1, ...`` in order of first request;
+    static index symbols keep their own names."""
+
+    def __init__(self) -> None:
+        self._symbols: dict[Symbol, str] = {}
+        self._locals: dict[Local, str] = {}
+
+    def symbol(self, s: AnySymbol) -> str:
+        if isinstance(s, IndexSymbol):
+            return s.name
+        return self._symbols.setdefault(s, f"i{len(self._symbols)}")
+
+    def local(self, local: Local) -> str:
+        return self._locals.setdefault(local, f"v{len(self._locals)}")
+
+
+def format_routine(routine: RoutineIR, namer: Namer | None = None) -> str:
+    """The ``.ll`` text of a routine: a header naming its index symbols, then its statements."""
+    namer = namer or Namer()
+    lines = [f"{routine.name} ({format_static_symbols(routine.static_symbols)}):"]
+    _stmt_lines(routine.body, namer, 1, lines)
+    return "\n".join(lines) + "\n"
+
+
+def format_stmt(stmt: Stmt, namer: Namer) -> str:
+    """One statement on one line (nested statements included)."""
+    match stmt:
+        case For(symbol=s, extent=n, body=body):
+            return f"for {namer.symbol(s)} = 0 to {n - 1} {_braced(format_stmt(body, namer))}"
+        case Seq(stmts=stmts):
+            return " ".join(format_stmt(s, namer) for s in stmts)
+        case Store(tnode=t, indices=idx, value=v):
+            return f"{_access(t, idx, namer)} := {format_expr(v, namer)};"
+        case StoreDynamic(tnode=t, axis=axis, position=p, indices=idx, value=v):
+            return f"{_dynamic_access(t, axis, p, idx, namer)} := {format_expr(v, namer)};"
+        case Fill(tnode=t, value=v):
+            return f"fill {t.debug_name} := {format_expr(v, namer)};"
+        case Comment(text=text):
+            return f"/* {_comment_text(text)} */"
+        case DeclareLocal(local=local):
+            return f"declare {namer.local(local)};"
+        case SetLocal(local=local, value=v):
+            return f"{namer.local(local)} := {format_expr(v, namer)};"
+    raise TypeError(f"not a loop IR statement: {stmt!r}")
+
+
+def _stmt_lines(stmt: Stmt, namer: Namer, depth: int, out: list[str]) -> None:
+    pad = "  " * depth
+    match stmt:
+        case Seq(stmts=stmts):
+            for s in stmts:
+                _stmt_lines(s, namer, depth, out)
+        case For(symbol=s, extent=n, body=body):
+            if not isinstance(body, (For, Seq)):
+                flat = pad + format_stmt(stmt, namer)
+                if len(flat) <= WIDTH:
+                    out.append(flat)
+                    return
+            out.append(f"{pad}for {namer.symbol(s)} = 0 to {n - 1} {{")
+            _stmt_lines(body, namer, depth + 1, out)
+            out.append(pad + "}")
+        case _:
+            out.append(pad + format_stmt(stmt, namer))
+
+
+def format_expr(e: Expr, namer: Namer) -> str:
+    match e:
+        case Const(value=tuple() as lanes):
+            return f"uint4x32({', '.join(str(v) for v in lanes)})"
+        case Const(value=v):
+            return format_number(v)
+        case Load(tnode=t, indices=idx, oob_value=None):
+            return _access(t, idx, namer)
+        case Load(tnode=t, indices=idx, oob_value=oob):
+            return f"{t.debug_name}[{format_indices(idx, namer)} else {format_number(oob)}]"
+        case LoadDynamic(tnode=t, axis=axis, position=p, indices=idx):
+            return _dynamic_access(t, axis, p, idx, namer)
+        case Unary(op=op, x=x):
+            return f"{op.value}({format_expr(x, namer)})"
+        case Binary(op=op, a=a, b=b) if op.infix:
+            return f"({format_expr(a, namer)} {op.symbol} {format_expr(b, namer)})"
+        case Binary(op=op, a=a, b=b):
+            return f"{op.value}({format_expr(a, namer)}, {format_expr(b, namer)})"
+        case Ternary(op=op, a=a, b=b, c=c):
+            return f"{op.value}({', '.join(format_expr(x, namer) for x in (a, b, c))})"
+        case Cast(x=x, dtype=dtype):
+            return f"{dtype.name}({format_expr(x, namer)})"
+        case EmbedIndex(index=index):
+            return format_index(index, namer)
+        case GetLocal(local=local):
+            return namer.local(local)
+        case LocalScope(local=local, body=body):
+            return f"{namer.local(local)} {_braced(format_stmt(body, namer))}"
+    raise TypeError(f"not a loop IR expression: {e!r}")
+
+
+def format_index(idx: AxisIndex, namer: Namer) -> str:
+    match idx:
+        case Fixed(index=i):
+            return str(i)
+        case Iter(symbol=s):
+            return namer.symbol(s)
+        case Affine(terms=terms, offset=offset):
+            parts = [namer.symbol(s) if c == 1 else f"{c}*{namer.symbol(s)}" for c, s in terms]
+            if offset or not parts:
+                parts.append(str(offset))
+            return "+".join(parts).replace("+-", "-")
+    raise TypeError(f"not an axis index: {idx!r}")
+
+
+def format_indices(indices: tuple[AxisIndex, ...], namer: Namer) -> str:
+    return ", ".join(format_index(i, namer) for i in indices)
+
+
+def _access(t: TNode, indices: tuple[AxisIndex, ...], namer: Namer) -> str:
+    return f"{t.debug_name}[{format_indices(indices, namer)}]"
+
+
+def _dynamic_access(t: TNode, axis: int, position: Expr, indices: tuple[AxisIndex, ...], namer: Namer) -> str:
+    parts = [format_index(i, namer) for i in indices]
+    parts.insert(axis, f"@({format_expr(position, namer)})")
+    return f"{t.debug_name}[{', '.join(parts)}]"
+
+
+def _braced(text: str) -> str:
+    return f"{{ {text} }}" if text else "{ }"
+
+
+def _comment_text(text: str) -> str:
+    """Comment text that cannot close the comment or break the line."""
+    return " ".join(text.replace("*/", "* /").split())

@@ -1,0 +1,134 @@
+"""The scalar operator catalog shared by the assignments IR and the loop IR (spec/backend.md §1.2).
+
+Each operator is an enum member whose value is its catalog name (``relu``, ``add``, ...). The
+meaning of each one, for float operands of a compute type (dtypes.py):
+
+* unary: ``id``; ``relu x = max(x, 0)``; ``sat01 x = min(max(x, 0), 1)``; ``exp``, ``log``,
+  ``exp2``, ``log2``, ``sin``, ``cos``, ``sqrt``, ``tanh`` as in libm; ``recip x = 1 / x``;
+  ``recip_sqrt x = 1 / sqrt(x)`` (two roundings); ``neg``; ``sigmoid x = 1 / (1 + exp(-x))``
+  evaluated in that order; ``abs``; ``not x = (x == 0)``.
+* binary: ``add sub mul div``; ``pow`` (float only); ``max``/``min`` return the non-NaN operand
+  when one is NaN, as C's ``fmax``/``fmin``; ``lt gt eq ne`` and ``and or`` yield 1 or 0 in the
+  operands' type (nonzero is true); ``relu_gate a b = b if a > 0 else 0``;
+  ``sat01_gate a b = b if 0 < a < 1 else 0``; ``mod`` is C's ``fmod`` (the sign of the dividend).
+* ternary: ``where c a b = a if c != 0 else b`` (only the chosen branch is evaluated);
+  ``fma a b c = a * b + c`` with a single rounding; ``mul3 a b c = (a * b) * c`` (two roundings,
+  the three-operand einsum's product).
+
+On integers, ``div`` and ``mod`` truncate toward zero as C does and every result wraps around;
+the transcendental ops and ``pow`` are float-only (:attr:`Unop.float_only`).
+The interpreter (backends/interp) is the executable form of this table.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from ocannl.lowlevel import dtypes
+from ocannl.lowlevel.dtypes import DType
+
+
+class Unop(enum.Enum):
+    ID = "id"
+    RELU = "relu"
+    SAT01 = "sat01"
+    EXP = "exp"
+    LOG = "log"
+    EXP2 = "exp2"
+    LOG2 = "log2"
+    SIN = "sin"
+    COS = "cos"
+    SQRT = "sqrt"
+    RECIP = "recip"
+    RECIP_SQRT = "recip_sqrt"
+    NEG = "neg"
+    TANH = "tanh"
+    SIGMOID = "sigmoid"
+    ABS = "abs"
+    NOT = "not"
+
+    @property
+    def arity(self) -> int:
+        return 1
+
+    @property
+    def float_only(self) -> bool:
+        return self not in (Unop.ID, Unop.RELU, Unop.SAT01, Unop.NEG, Unop.ABS, Unop.NOT)
+
+
+class Binop(enum.Enum):
+    ADD = "add"
+    SUB = "sub"
+    MUL = "mul"
+    DIV = "div"
+    POW = "pow"
+    MAX = "max"
+    MIN = "min"
+    LT = "lt"
+    GT = "gt"
+    EQ = "eq"
+    NE = "ne"
+    RELU_GATE = "relu_gate"
+    SAT01_GATE = "sat01_gate"
+    MOD = "mod"
+    AND = "and"
+    OR = "or"
+
+    @property
+    def arity(self) -> int:
+        return 2
+
+    @property
+    def float_only(self) -> bool:
+        return self is Binop.POW
+
+    @property
+    def symbol(self) -> str:
+        """The infix form of the ``.cd`` notation (spec/backend.md §3.5), also used by ``.ll``."""
+        return _BINOP_SYMBOLS[self]
+
+    @property
+    def infix(self) -> bool:
+        """Printed ``(a <symbol> b)`` in ``.ll``; the others print ``name(a, b)``."""
+        return self not in (Binop.MAX, Binop.MIN, Binop.RELU_GATE, Binop.SAT01_GATE)
+
+
+_BINOP_SYMBOLS = {
+    Binop.ADD: "+", Binop.SUB: "-", Binop.MUL: "*", Binop.DIV: "/", Binop.POW: "**",
+    Binop.MAX: "@^", Binop.MIN: "@-", Binop.LT: "<", Binop.GT: ">", Binop.EQ: "=",
+    Binop.NE: "<>", Binop.RELU_GATE: "-?/", Binop.SAT01_GATE: "-?^", Binop.MOD: "%",
+    Binop.AND: "&&", Binop.OR: "||",
+}  # fmt: skip
+
+
+class Ternop(enum.Enum):
+    WHERE = "where"
+    FMA = "fma"
+    MUL3 = "mul3"
+
+    @property
+    def arity(self) -> int:
+        return 3
+
+    @property
+    def float_only(self) -> bool:
+        return False
+
+
+ScalarOp = Unop | Binop | Ternop
+
+ACCUMULATORS: frozenset[Binop] = frozenset({Binop.ADD, Binop.SUB, Binop.MUL, Binop.DIV, Binop.MAX, Binop.MIN})
+"""The operators an accumulating assignment may accumulate with (``=+``, ``=:*``, ...)."""
+
+
+def neutral_element(accum: Binop | None, dtype: DType) -> float | int:
+    """The value ``=:+``-style assignments reset their left side to, and that padded margins read
+    (spec/backend.md §1.2): 0 for add/sub and for a plain set, 1 for mul/div, the lowest value
+    for max and the highest for min."""
+    if accum in (Binop.MUL, Binop.DIV):
+        return 1
+    if accum is Binop.MAX:
+        return dtypes.lowest(dtype)
+    if accum is Binop.MIN:
+        return dtypes.highest(dtype)
+    return 0

@@ -1,0 +1,194 @@
+"""Tensor nodes: the buffers the compiler reads and writes (spec/backend.md §2bis).
+
+A tensor has a value node and, when differentiable, a gradient node. The compiler half sees only
+nodes: their id, label, dims, precision and memory mode. Dims may be given late (shape inference
+runs after the tensor is created): pass a callable, or assign ``tnode.dims`` later.
+
+Every node has a :attr:`TNode.name` that generated code and printed IRs use. User labels never
+reach generated source as they are: a name keeps only ``[A-Za-z0-9_]`` (other runs collapse to
+one ``_``), never starts with a digit or an underscore, is never a keyword or a name that
+generated C, Python, Triton or MSL code relies on, and is unique in the session (a collision gets
+the node id as a suffix). A gradient node's name is its value's name plus ``_grad``; the printed
+IRs show it as ``<value name>.grad`` (:attr:`TNode.debug_name`, spec/backend.md §2bis.3).
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import keyword
+import operator
+import re
+from typing import Callable
+
+from ocannl import session
+from ocannl.errors import ShapeError
+from ocannl.lowlevel import dtypes
+from ocannl.lowlevel.dtypes import DType
+
+
+class MemoryMode(enum.Enum):
+    """Where a node's value lives (spec/backend.md §2bis.2, simplified). ``None`` on a node means
+    undecided; the optimizer decides (C-backend work). Every node has a buffer in the interpreter.
+    """
+
+    VIRTUAL = "virtual"
+    """No storage: recomputed inline wherever it is read."""
+    LOCAL = "local"
+    """Storage private to one run of one routine; not visible afterwards."""
+    ON_DEVICE = "on_device"
+    """A buffer of the context that persists across runs."""
+    MATERIALIZED = "materialized"
+    """Persists across runs and is readable from the host (parameters, outputs, data)."""
+
+
+_RESERVED = frozenset(
+    keyword.kwlist
+    + keyword.softkwlist
+    + """
+    auto break case char const continue default do double else enum extern float for goto if
+    inline int long register restrict return short signed sizeof static struct switch typedef
+    union unsigned void volatile while _Bool _Complex _Float16 _Generic _Noreturn _Static_assert
+    alignas alignof asm bool catch class constexpr decltype delete explicit export false friend
+    mutable namespace new noexcept nullptr operator private protected public template this
+    thread_local throw true try typeid typename using virtual wchar_t char16_t char32_t
+    static_assert const_cast dynamic_cast reinterpret_cast static_cast
+    kernel device constant thread threadgroup threadgroup_imageblock vertex fragment half uint
+    ushort uchar ulong bfloat gid lid tid metal simd
+    int8_t int16_t int32_t int64_t uint8_t uint16_t uint32_t uint64_t size_t ptrdiff_t
+    uint4x32_t uint4 float4 NULL INFINITY NAN main printf fprintf abort exit
+    fabs fabsf fmax fmaxf fmin fminf fmod fmodf floor floorf ceil ceilf trunc truncf round
+    exp expf exp2 exp2f log logf log2 log2f sin sinf cos cosf tan tanh tanhf sqrt sqrtf pow
+    powf fma fmaf abs select clamp rsqrt
+    tl triton torch np numpy math range min max len float int print
+    threadIdx blockIdx blockDim gridDim warpSize
+    """.split()
+)
+"""Names a node may not take: keywords of C, C++ (MSL is C++), Python, MSL built-in types and
+attributes, libm and builtin names emitters call, and the modules generated Python imports."""
+
+_GENERATED = re.compile(r"[iv][0-9]+")
+"""``i0``, ``v3``: the loop indices and locals printers and emitters generate."""
+
+_MAX_BASE_LENGTH = 48
+
+_ids = itertools.count(1)
+_taken: set[str] = set()
+
+
+@session.on_reset
+def _reset_names() -> None:
+    global _ids
+    _ids = itertools.count(1)
+    _taken.clear()
+
+
+def sanitize_identifier(text: str) -> str:
+    """``text`` reduced to ``[A-Za-z0-9_]`` (runs of other characters become one ``_``), without
+    leading or trailing underscores; a leading digit gets the prefix ``n_``. May be empty."""
+    base = re.sub(r"[^A-Za-z0-9_]+", "_", text).strip("_")[:_MAX_BASE_LENGTH].rstrip("_")
+    return f"n_{base}" if base[:1].isdigit() else base
+
+
+def _claim_name(base: str, node_id: int) -> str:
+    """A session-unique identifier built from ``base`` (``n<id>`` when ``base`` is empty)."""
+    if not base:
+        base = f"n{node_id}"
+    candidate = base
+    if candidate in _taken or candidate in _RESERVED or _GENERATED.fullmatch(candidate):
+        candidate = f"{base}_{node_id}"
+    extra = itertools.count(1)
+    while candidate in _taken:
+        candidate = f"{base}_{node_id}_{next(extra)}"
+    _taken.add(candidate)
+    return candidate
+
+
+DimsSource = tuple[int, ...] | Callable[[], tuple[int, ...]] | None
+
+
+class TNode:
+    """One buffer: a tensor's value or, with ``grad_of``, its gradient.
+
+    ``dims`` is the full shape in memory order (batch, output, input; row-major). Give it as a
+    tuple, as a zero-argument callable evaluated when first needed (after shape inference), or
+    assign it later; reading it before it is known raises :class:`ShapeError`. A gradient has its
+    value's dims unless told otherwise, and its label and name derive from its value's. Nodes
+    hash and compare by identity.
+    """
+
+    __slots__ = ("id", "label", "dtype", "memory_mode", "grad_of", "name", "_dims")
+
+    def __init__(
+        self,
+        label: str = "",
+        dims: DimsSource = None,
+        dtype: DType = dtypes.DEFAULT,
+        *,
+        memory_mode: MemoryMode | None = None,
+        grad_of: TNode | None = None,
+    ):
+        self.id = next(_ids)
+        self.label = label if grad_of is None else f"{grad_of.label}.grad"
+        self.dtype = dtype
+        self.memory_mode = memory_mode
+        self.grad_of = grad_of
+        base = sanitize_identifier(label) if grad_of is None else f"{grad_of.name}_grad"
+        self.name = _claim_name(base, self.id)
+        self._dims: DimsSource = None
+        self.dims = dims if dims is not None or grad_of is None else (lambda: grad_of.dims)
+
+    @property
+    def is_grad(self) -> bool:
+        return self.grad_of is not None
+
+    @property
+    def debug_name(self) -> str:
+        """The name printed in ``.cd`` and ``.ll`` files: ``w1``, or ``w1.grad`` for a gradient."""
+        return f"{self.grad_of.name}.grad" if self.grad_of is not None else self.name
+
+    @property
+    def dims_known(self) -> bool:
+        return self._dims is not None
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        if self._dims is None:
+            raise ShapeError(
+                f"the dims of {self.debug_name} are not known yet (shape inference has not set them)"
+            )
+        if callable(self._dims):
+            self._dims = _check_dims(self, self._dims())
+        return self._dims
+
+    @dims.setter
+    def dims(self, dims: DimsSource) -> None:
+        if isinstance(self._dims, tuple) and (
+            dims is None or callable(dims) or _check_dims(self, dims) != self._dims
+        ):
+            raise ShapeError(
+                f"{self.debug_name}: dims already fixed to {self._dims}, cannot change them to {dims}"
+            )
+        self._dims = dims if dims is None or callable(dims) else _check_dims(self, dims)
+
+    @property
+    def size(self) -> int:
+        """The number of cells (1 for a scalar of dims ``()``)."""
+        n = 1
+        for d in self.dims:
+            n *= d
+        return n
+
+    def __repr__(self) -> str:
+        dims = self._dims if isinstance(self._dims, tuple) else "?"
+        return f"TNode({self.debug_name}, dims={dims}, {self.dtype.name})"
+
+
+def _check_dims(node: TNode, dims: object) -> tuple[int, ...]:
+    try:
+        checked = tuple(operator.index(d) for d in dims)  # type: ignore[union-attr]
+    except TypeError:
+        checked = (-1,)
+    if any(d < 0 for d in checked):
+        raise ShapeError(f"{node.debug_name}: dims must be a sequence of non-negative ints, got {dims!r}")
+    return checked

@@ -1,0 +1,151 @@
+import pytest
+
+from ocannl.errors import ShapeError
+from ocannl.lowlevel import dtypes
+from ocannl.lowlevel.dtypes import DTypeError
+from ocannl.lowlevel.indexing import Affine, Fixed, IndexSymbol, Iter, Symbol
+from ocannl.lowlevel.ir import (
+    Binary,
+    Cast,
+    Comment,
+    Const,
+    DeclareLocal,
+    EmbedIndex,
+    Fill,
+    GetLocal,
+    Load,
+    LoadDynamic,
+    Local,
+    LocalScope,
+    LoopKind,
+    RoutineIR,
+    Seq,
+    SetLocal,
+    Store,
+    StoreDynamic,
+    Ternary,
+    Unary,
+    format_routine,
+    loop,
+    seq,
+)
+from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
+from ocannl.lowlevel.tnode import TNode
+
+
+def dense_layer() -> RoutineIR:
+    """The loop nest of ``n5 =:+ w1 * x ~logic:"@"`` with x: batch 10, w1: 16x2."""
+    for _ in range(40):
+        Symbol()  # global ids far from 0: printing must not depend on them
+    x, w1, n5 = TNode("x", (10, 2)), TNode("w1", (16, 2)), TNode("n5", (10, 16))
+    b, o, k = Symbol(), Symbol(), Symbol()
+    acc = Binary(Binop.ADD, Load(n5, (Iter(b), Iter(o))),
+                 Binary(Binop.MUL, Load(w1, (Iter(o), Iter(k))), Load(x, (Iter(b), Iter(k)))))
+    inner = loop(k, 2, Store(n5, (Iter(b), Iter(o)), acc))
+    body = loop(b, 10, loop(o, 16, seq(Store(n5, (Iter(b), Iter(o)), Const(0.0)), inner)))
+    return RoutineIR("dense", body)
+
+
+def test_ll_printer_matches_the_brief_example():
+    assert format_routine(dense_layer()) == (
+        "dense ():\n"
+        "  for i0 = 0 to 9 {\n"
+        "    for i1 = 0 to 15 {\n"
+        "      n5[i0, i1] := 0.0;\n"
+        "      for i2 = 0 to 1 { n5[i0, i1] := (n5[i0, i1] + (w1[i1, i2] * x[i0, i2])); }\n"
+        "    }\n"
+        "  }\n"
+    )
+
+
+def test_loop_kinds():
+    routine = dense_layer()
+    outer = routine.body
+    middle = outer.body
+    inner = middle.body.stmts[1]
+    assert (outer.kind, middle.kind, inner.kind) == (LoopKind.PARALLEL, LoopKind.PARALLEL, LoopKind.REDUCTION)
+    x, s = TNode("s", ()), Symbol()
+    assert loop(s, 3, Comment("no store")).kind is LoopKind.REDUCTION
+    local = Local(dtypes.float32)
+    assert loop(s, 3, SetLocal(local, Const(1.0))).kind is LoopKind.REDUCTION
+    assert loop(s, 3, Store(x, (), Const(1.0))).kind is LoopKind.REDUCTION
+
+
+def test_routine_collects_symbols_and_nodes():
+    routine = dense_layer()
+    assert [n.name for n in routine.reads] == ["n5", "w1", "x"]
+    assert [n.name for n in routine.writes] == ["n5"]
+    step = IndexSymbol("step_n", 100)
+    y = TNode("y", ())
+    r = RoutineIR("embed", Store(y, (), Cast(EmbedIndex(Iter(step)), dtypes.float32)))
+    assert r.static_symbols == (step,) and r.reads == ()
+    assert format_routine(r) == "embed (step_n : [0..99]):\n  y[] := float32(step_n);\n"
+
+
+def test_every_construct_prints():
+    t, ids, out = TNode("table", (5, 3)), TNode("ids", (4,), dtypes.int32), TNode("out", (4, 3))
+    x = TNode("x", (7,))
+    a, b = Symbol(), Symbol()
+    v = Local(dtypes.float32)
+    pos = Load(ids, (Iter(a),))
+    grown = Binary(Binop.MAX, Load(out, (Iter(a), Iter(b))), Const(0.0))
+    padded = Load(x, (Affine(((2, a),), -1),), 0.0)
+    small = Binary(Binop.LT, GetLocal(v), Const(1.0))
+    fma = Ternary(Ternop.FMA, GetLocal(v), GetLocal(v), Const(0.5))
+    body = Seq((
+        Comment("padded */ read\nhere"),
+        Fill(out, Const(float("-inf"))),
+        loop(a, 4, loop(b, 3, Store(out, (Iter(a), Iter(b)), LoadDynamic(t, 0, pos, (Iter(b),))))),
+        loop(a, 4, loop(b, 3, StoreDynamic(t, 0, pos, (Iter(b),), grown))),
+        DeclareLocal(v),
+        loop(a, 2, SetLocal(v, Binary(Binop.ADD, GetLocal(v), padded))),
+        Store(out, (Fixed(0), Fixed(1)), Ternary(Ternop.WHERE, small, Unary(Unop.RELU, GetLocal(v)), fma)),
+        Store(out, (Fixed(0), Fixed(2)), LocalScope(Local(dtypes.float32), Seq(()))),
+    ))
+    assert format_routine(RoutineIR("all", body)) == (
+        "all ():\n"
+        "  /* padded * / read here */\n"
+        "  fill out := -inf;\n"
+        "  for i0 = 0 to 3 {\n"
+        "    for i1 = 0 to 2 { out[i0, i1] := table[@(ids[i0]), i1]; }\n"
+        "  }\n"
+        "  for i0 = 0 to 3 {\n"
+        "    for i1 = 0 to 2 { table[@(ids[i0]), i1] := max(out[i0, i1], 0.0); }\n"
+        "  }\n"
+        "  declare v0;\n"
+        "  for i0 = 0 to 1 { v0 := (v0 + x[2*i0-1 else 0.0]); }\n"
+        "  out[0, 1] := where((v0 < 1.0), relu(v0), fma(v0, v0, 0.5));\n"
+        "  out[0, 2] := v1 { };\n"
+    )
+
+
+def test_long_loops_break():
+    n = TNode("a_rather_long_buffer_name_that_does_not_fit", (3,))
+    s = Symbol()
+    expr = Load(n, (Iter(s),))
+    for _ in range(3):
+        expr = Binary(Binop.ADD, expr, Load(n, (Iter(s),)))
+    text = format_routine(RoutineIR("long", loop(s, 3, Store(n, (Iter(s),), expr))))
+    assert text.splitlines()[1] == "  for i0 = 0 to 2 {"
+
+
+def test_type_checks():
+    f16 = TNode("h", (2,), dtypes.float16)
+    i32 = TNode("k", (2,), dtypes.int32)
+    assert Load(f16, (Fixed(0),)).dtype is dtypes.float32  # 16-bit floats compute in float32
+    with pytest.raises(DTypeError, match="storage type"):
+        Const(1.0, dtypes.float16)
+    with pytest.raises(DTypeError, match="one type"):
+        Binary(Binop.ADD, Load(f16, (Fixed(0),)), Load(i32, (Fixed(0),)))
+    with pytest.raises(DTypeError, match="floats only"):
+        Unary(Unop.EXP, Load(i32, (Fixed(0),)))
+    with pytest.raises(DTypeError, match="needs a int32 value"):
+        Store(i32, (Fixed(0),), Const(1.0))
+    with pytest.raises(DTypeError, match="must be an integer"):
+        LoadDynamic(f16, 0, Const(1.0), ())
+    with pytest.raises(ShapeError, match="accessed with 2 indices"):
+        Load(f16, (Fixed(0), Fixed(0)))
+    with pytest.raises(DTypeError, match="uint4x32"):
+        Cast(Const((1, 2, 3, 4), dtypes.uint4x32), dtypes.uint32)
+    with pytest.raises(DTypeError, match="local cannot hold"):
+        SetLocal(Local(dtypes.int32), Const(1.0))
