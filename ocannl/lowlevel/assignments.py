@@ -36,6 +36,40 @@ Operand = Union[TNode, float, int]
 """A right-hand side operand: a node read through its projection, or a scalar constant."""
 
 
+@dataclass(frozen=True)
+class Arg:
+    """The ``index``-th right-hand side operand, inside an :class:`Apply` expression."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class Apply:
+    """A scalar expression over the operands of an accumulating assignment: ``op(args...)``,
+    where each argument is an :class:`Arg`, a nested :class:`Apply` or a number. Gradients need
+    it (``g2 =- g * (v1 / (v2 * v2))`` is one assignment, spec/frontend.md §3.2); a single
+    operator applied to every operand in order is written as the bare operator."""
+
+    op: ScalarOp
+    args: tuple["Apply | Arg | float | int", ...]
+
+    def __post_init__(self) -> None:
+        if len(self.args) != self.op.arity:
+            raise OcannlError(f"{self.op.value} takes {self.op.arity} operands, got {len(self.args)}")
+
+    def arg_indices(self) -> set[int]:
+        out: set[int] = set()
+        for a in self.args:
+            if isinstance(a, Arg):
+                out.add(a.index)
+            elif isinstance(a, Apply):
+                out |= a.arg_indices()
+        return out
+
+
+Fn = Union[ScalarOp, Apply]
+
+
 @dataclass(frozen=True, eq=False)
 class Accum:
     """``lhs <accum>= fn(rhs...)`` at every point of ``projections()``'s product space.
@@ -50,7 +84,7 @@ class Accum:
 
     lhs: TNode
     accum: Binop | None
-    fn: ScalarOp
+    fn: Fn
     rhs: tuple[Operand, ...]
     projections: Callable[[], Projections]
     initialize_neutral: bool = False
@@ -64,7 +98,10 @@ class Accum:
             )
         if self.initialize_neutral and self.accum is None:
             raise OcannlError(f"{self.lhs.debug_name}: initialize_neutral needs an accumulator (=:+, not =:)")
-        if len(self.rhs) != self.fn.arity:
+        if isinstance(self.fn, Apply):
+            if self.fn.arg_indices() != set(range(len(self.rhs))):
+                raise OcannlError(f"{self.lhs.debug_name}: the expression must use each of its {len(self.rhs)} operands")
+        elif len(self.rhs) != self.fn.arity:
             raise OcannlError(f"{self.fn.value} takes {self.fn.arity} operands, got {len(self.rhs)}")
 
 
@@ -281,19 +318,31 @@ def _format_accum(a: Accum) -> str:
     else:
         op = ("=:" if a.initialize_neutral else "=") + a.accum.symbol
     args = [_format_operand(r) for r in a.rhs]
-    match a.fn:
-        case Unop.ID:
-            rhs = args[0]
-        case Unop():
-            rhs = f"{a.fn.value} {args[0]}"
-        case Binop():
-            rhs = f"{args[0]} {a.fn.symbol} {args[1]}"
-        case Ternop():
-            rhs = f"{a.fn.value}({', '.join(args)})"
+    rhs = _format_fn(a.fn, args, top=True) if isinstance(a.fn, Apply) else _format_op(a.fn, args)
     logic = ""
     if a.spec and (a.spec != "." or a.fn in (Binop.MUL, Binop.DIV)):
         logic = f" ~logic:{_quote(a.spec)}"
     return f"{a.lhs.debug_name} {op} {rhs}{logic}"
+
+
+def _format_op(op: ScalarOp, args: list[str]) -> str:
+    match op:
+        case Unop.ID:
+            return args[0]
+        case Unop():
+            return f"{op.value} {args[0]}"
+        case Binop():
+            return f"{args[0]} {op.symbol} {args[1]}"
+    return f"{op.value}({', '.join(args)})"
+
+
+def _format_fn(fn: Apply | Arg | float | int, args: list[str], top: bool = False) -> str:
+    if isinstance(fn, Arg):
+        return args[fn.index]
+    if not isinstance(fn, Apply):
+        return format_number(fn)
+    text = _format_op(fn.op, [_format_fn(x, args) for x in fn.args])
+    return text if top or isinstance(fn.op, Ternop) or fn.op is Unop.ID else f"({text})"
 
 
 def _format_fetch(source: FetchSource) -> str:

@@ -15,6 +15,8 @@ from ocannl.errors import ShapeError
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.assignments import (
     Accum,
+    Apply,
+    Arg,
     Assignment,
     Block,
     Constant,
@@ -131,12 +133,16 @@ def lower_accumulation(a: Accum) -> Stmt:
         oob_value = _const(neutral_element(a.accum, r.dtype), r.dtype.compute).value if oob else None
         return _convert(Load(r, tuple(indices), oob_value), dtype)
 
-    if a.fn is Ternop.WHERE:
+    if isinstance(a.fn, Apply):
+        args = [operand(j, r, compute) for j, r in enumerate(a.rhs)]
+        value = _apply_tree(a.fn, args, compute)
+    elif a.fn is Ternop.WHERE:
         cond = operand(0, a.rhs[0], a.rhs[0].dtype.compute if isinstance(a.rhs[0], TNode) else compute)
         args = [cond] + [operand(j, r, compute) for j, r in enumerate(a.rhs) if j > 0]
+        value = _apply(a.fn, args)
     else:
         args = [operand(j, r, compute) for j, r in enumerate(a.rhs)]
-    value = _apply(a.fn, args)
+        value = _apply(a.fn, args)
 
     lhs_idx = tuple(_substitute(idx, subst) for idx in proj.project_lhs)
     neutral = _const(neutral_element(a.accum, a.lhs.dtype), compute)
@@ -289,6 +295,15 @@ def _apply(fn: Unop | Binop | Ternop, args: list[Expr]) -> Expr:
             return Binary(fn, args[0], args[1])
         case Ternop():
             return Ternary(fn, args[0], args[1], args[2])
+
+
+def _apply_tree(fn: Apply | Arg | float | int, args: list[Expr], dtype: DType) -> Expr:
+    """An :class:`Apply` expression with its operands substituted; computed in ``dtype``."""
+    if isinstance(fn, Arg):
+        return args[fn.index]
+    if not isinstance(fn, Apply):
+        return _const(fn, dtype)
+    return _apply(fn.op, [_apply_tree(x, args, dtype) for x in fn.args])
 
 
 def _in_nest_reset_depth(
