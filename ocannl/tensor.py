@@ -109,7 +109,6 @@ class Tensor:
         self._projections: Projections | None = None
         self._value: TNode | None = None
         self._host_value: np.ndarray | None = None
-        self._context = None  # the context that last computed this tensor
 
     # -- shapes --------------------------------------------------------------------------------
 
@@ -126,6 +125,10 @@ class Tensor:
     def dims(self) -> tuple[int, ...]:
         """The concrete dims in memory order (batch, output, input); finalizes shape inference."""
         finish_inference()
+        if not self._shape.is_concrete():
+            kind = "output" if not self._shape.output.is_concrete() else "input"
+            raise ShapeError(f"cannot infer the {kind} dims of parameter {self.label!r}: no operation "
+                             f"uses it yet; use it first, or specify {kind}=... when creating it")
         return self._shape.dims()
 
     @property
@@ -189,10 +192,10 @@ class Tensor:
         compiles and runs its forward code on the default context."""
         if self.is_constant:
             return np.full(self.dims, self.data, dtype=self.dtype.storage)
-        ctx = self._context
-        if ctx is None or not ctx.has_value(self.value):
-            from ocannl.backends.base import default_context
+        from ocannl.backends.base import default_context, last_writer
 
+        ctx = last_writer(self.value)
+        if ctx is None:
             ctx = default_context()
             routine = ctx.compile(self)
             routine.run()
@@ -205,8 +208,10 @@ class Tensor:
         if tuple(arr.shape) != self.dims:
             raise ShapeError(f"{self.label}.set: expected an array of shape {self.dims}, got {arr.shape}")
         self._host_value = arr
-        if self._context is not None:
-            self._context.set(self.value, arr)
+        from ocannl.backends.base import contexts_holding
+
+        for ctx in contexts_holding(self.value):
+            ctx.set(self.value, arr)
 
     # -- Python protocol -----------------------------------------------------------------------
 
@@ -289,6 +294,8 @@ def new_op(op: str, logic: ShapeLogic, operands: Sequence[Tensor], label: str | 
                     spec)
     s = solver_mod.current()
     s.register(shape)
+    for o in operands:
+        o._shape.used = True
     try:
         s.add(logic.constraints(shape, [o._shape for o in operands], origin))
     except ShapeError:

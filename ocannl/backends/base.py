@@ -21,6 +21,7 @@ its own). With ``debug_dir`` set
 from __future__ import annotations
 
 import operator
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
@@ -120,6 +121,7 @@ class Context:
         self.stats = ContextStats()
         self.debug_dir = config.get("debug_dir", None if debug_dir is None else str(debug_dir))
         self._buffers: dict[TNode, np.ndarray] = {}
+        _contexts.add(self)
 
     @classmethod
     def auto(cls) -> Context:
@@ -258,6 +260,8 @@ class Routine:
         buffers = {node: self.context._buffer(node) for node in self.ir.reads + self.ir.writes}
         self._executable.run(buffers, self._bindings)
         self.context.stats.runs += 1
+        for node in self.ir.writes:
+            _last_writer[node.id] = weakref.ref(self.context)
 
     def _bind(self, key: str, value: Any) -> None:
         symbol = self._symbols.get(key)
@@ -283,6 +287,22 @@ def _buffer_shape(tnode: TNode) -> tuple[int, ...]:
 
 _default: Context | None = None
 
+_contexts: "weakref.WeakSet[Context]" = weakref.WeakSet()
+
+_last_writer: dict[int, "weakref.ref[Context]"] = {}
+"""Node id -> the context whose routine last wrote it (``t.numpy()`` reads from there)."""
+
+
+def contexts_holding(tnode: TNode) -> list[Context]:
+    """Every live context with a buffer for ``tnode`` (``t.set`` updates them all)."""
+    return [ctx for ctx in list(_contexts) if ctx.has_value(tnode)]
+
+
+def last_writer(tnode: TNode) -> Context | None:
+    """The context whose routine last computed ``tnode``, if it is still alive."""
+    ref = _last_writer.get(tnode.id)
+    return ref() if ref is not None else None
+
 
 def default_context() -> Context:
     """The process default context, made by :meth:`Context.auto` when there is none."""
@@ -297,3 +317,4 @@ def set_default_context(ctx: Context | None) -> None:
 @session.on_reset
 def _forget_default_context() -> None:
     set_default_context(None)
+    _last_writer.clear()

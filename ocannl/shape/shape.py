@@ -113,7 +113,8 @@ EMPTY_ROW = Row()
 class Shape:
     """The three rows of one tensor. Rows are replaced (never mutated) as inference learns more."""
 
-    __slots__ = ("batch", "output", "input", "tensor_label", "is_param", "is_terminal", "explanations")
+    __slots__ = ("batch", "output", "input", "tensor_label", "is_param", "is_terminal", "explanations",
+                 "used")
 
     def __init__(self, batch: Row, output: Row, input: Row, tensor_label: str = "",
                  is_param: bool = False, is_terminal: bool = False):
@@ -124,6 +125,7 @@ class Shape:
         self.is_param = is_param
         self.is_terminal = is_terminal
         self.explanations: list[str] = []
+        self.used = False  # some operation reads this tensor
 
     def row(self, kind: str) -> Row:
         return getattr(self, kind)

@@ -579,6 +579,10 @@ class Solver:
         """Close every variable of the epoch (spec §1.7), in stages, then make every tracked
         shape concrete. Raises a ShapeError naming a parameter whose dims nothing determines."""
         self.solve()
+        # A parameter no operation uses yet has nothing to learn its dims from: it waits for the
+        # next epoch instead of failing inference for everything else.
+        deferred = [sh for sh in self.shapes if sh.is_param and not sh.used and not sh.is_concrete()]
+        self.shapes = [sh for sh in self.shapes if not (sh.is_param and not sh.used and not sh.is_concrete())]
         self._unsolved = list(self.shapes)
         stages = (
             self._close_param_rows_with_bounds,
@@ -611,6 +615,8 @@ class Solver:
         self.waiting.clear()
         self.dim_info.clear()
         self.row_info.clear()
+        for sh in deferred:
+            self.register(sh)
 
     def _open_vars(self) -> tuple[list[tuple[RowVar, Shape, str]], list[tuple[DimVar, Shape, str]]]:
         """The open row and dim variables of the epoch's shapes, in the order of the shapes'
