@@ -13,13 +13,14 @@ from typing import Sequence
 import numpy as np
 
 from ocannl.errors import EinsumSyntaxError, ShapeError
-from ocannl.lowlevel.assignments import Accum, Assignment, Block, Constant, EmbedSymbol, Fetch, Slice
+from ocannl.lowlevel.assignments import (Accum, Apply, Arg, Assignment, Block, Constant, EmbedSymbol, Fetch,
+                                        Gather, ScatterAdd, Slice)
 from ocannl.lowlevel.indexing import IndexSymbol
 from ocannl.lowlevel.scalar_ops import Binop, ScalarOp, Ternop, Unop
 from ocannl.shape import einsum as es
 from ocannl.shape import solver as solver_mod
-from ocannl.shape.logic import BatchSlice, Compose, Einsum, Pointwise, reduction_spec
-from ocannl.shape.projections import identity_projections
+from ocannl.shape.logic import BatchSlice, Compose, Einsum, Pointwise, Take, reduction_spec
+from ocannl.shape.projections import identity_projections, retarget
 from ocannl.shape.shape import KINDS, Row
 from ocannl.shape.solver import DimEq, Origin
 from ocannl.tensor import Tensor, as_tensor, new_op
@@ -99,7 +100,139 @@ def forward_code(t: Tensor) -> Assignment:
         return Fetch(t.value, Slice(x.value, t.logic.symbol))  # type: ignore[union-attr]
     if t.op == "embed_index":
         return Fetch(t.value, EmbedSymbol(t.symbol))  # type: ignore[arg-type]
+    if t.op == "take":
+        table, indices = t.operands
+        return Gather(t.value, table.value, indices.value)
     raise ShapeError(f"no forward code for op {t.op!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Gradients. Each rule says, for operand j, how its gradient accumulates, as an expression of
+# ``g`` (the result's gradient), ``v`` (the result's value) and ``v1``, ``v2``, ``v3`` (the
+# operands' values); every term is read through the op's own projections (``retarget``), so a
+# forward reduction becomes a backward broadcast and a broadcast a reduction (spec §3.2).
+
+LN2 = 0.6931471805599453
+
+
+def _b(op: ScalarOp, *args):
+    return (op, *args)
+
+
+def _mul(a, b):
+    return _b(Binop.MUL, a, b)
+
+
+def _div(a, b):
+    return _b(Binop.DIV, a, b)
+
+
+_ADD, _SUB = Binop.ADD, Binop.SUB
+_G_TIMES_V2 = {1: (_ADD, _mul("g", "v2")), 2: (_ADD, _mul("v1", "g"))}
+_MASK_OF_MAX = {1: (_ADD, _mul("g", _b(Binop.EQ, "v", "v1")))}
+
+GRADIENTS: dict[str, dict[int, tuple[Binop, object]]] = {
+    "add": {1: (_ADD, "g"), 2: (_ADD, "g")},
+    "sub": {1: (_ADD, "g"), 2: (_SUB, "g")},
+    "mul": _G_TIMES_V2,
+    "div": {1: (_ADD, _div("g", "v2")), 2: (_SUB, _mul("g", _div("v", "v2")))},
+    "pow": {1: (_ADD, _mul("g", _mul("v2", _b(Binop.POW, "v1", _b(Binop.SUB, "v2", 1.0))))),
+            2: (_ADD, _mul("g", _mul("v", _b(Unop.LOG, "v1"))))},
+    "neg": {1: (_SUB, "g")},
+    "relu": {1: (_ADD, _b(Binop.RELU_GATE, "v1", "g"))},
+    "sat01": {1: (_ADD, _b(Binop.SAT01_GATE, "v1", "g"))},
+    "exp": {1: (_ADD, _mul("g", "v"))},
+    "exp2": {1: (_ADD, _mul("g", _mul("v", LN2)))},
+    "log": {1: (_ADD, _div("g", "v1"))},
+    "log2": {1: (_ADD, _div("g", _mul("v1", LN2)))},
+    "sin": {1: (_ADD, _mul("g", _b(Unop.COS, "v1")))},
+    "cos": {1: (_SUB, _mul("g", _b(Unop.SIN, "v1")))},
+    "sqrt": {1: (_ADD, _div("g", _mul(2.0, "v")))},
+    "recip": {1: (_SUB, _mul("g", _mul("v", "v")))},
+    "recip_sqrt": {1: (_ADD, _mul("g", _mul(-0.5, _mul("v", _mul("v", "v")))))},
+    "tanh": {1: (_ADD, _mul("g", _b(Binop.SUB, 1.0, _mul("v", "v"))))},
+    "sigmoid": {1: (_ADD, _mul("g", _mul("v", _b(Binop.SUB, 1.0, "v"))))},
+    "abs": {1: (_ADD, _mul("g", _b(Binop.SUB, _b(Binop.GT, "v1", 0.0), _b(Binop.LT, "v1", 0.0))))},
+    "max": {1: (_ADD, _mul("g", _b(Binop.EQ, "v", "v1"))), 2: (_ADD, _mul("g", _b(Binop.EQ, "v", "v2")))},
+    "min": {1: (_ADD, _mul("g", _b(Binop.EQ, "v", "v1"))), 2: (_ADD, _mul("g", _b(Binop.EQ, "v", "v2")))},
+    "where": {2: (_ADD, _b(Ternop.WHERE, "v1", "g", 0.0)), 3: (_ADD, _b(Ternop.WHERE, "v1", 0.0, "g"))},
+    "fma": {1: (_ADD, _mul("g", "v2")), 2: (_ADD, _mul("v1", "g")), 3: (_ADD, "g")},
+    "compose": _G_TIMES_V2,
+    "outer_sum": {1: (_ADD, "g"), 2: (_ADD, "g")},
+    "sum": {1: (_ADD, "g")},
+    "einmax": _MASK_OF_MAX,
+    "max_reduce": _MASK_OF_MAX,
+    "tropical": {1: (_ADD, _mul("g", _b(Binop.EQ, "v", _b(Binop.ADD, "v1", "v2")))),
+                 2: (_ADD, _mul("g", _b(Binop.EQ, "v", _b(Binop.ADD, "v1", "v2"))))},
+    "slice": {1: (_ADD, "g")},
+}
+"""Gradient rules of the differentiable ops; ``einsum``, ``mean`` and ``take`` depend on arity
+or shapes and are in :func:`gradient_rules`. Ops absent here (comparisons, ``not``) have no
+gradient."""
+
+NON_DIFFERENTIABLE = frozenset({"lt", "gt", "eq", "ne", "not", "embed_index", "tensor", "number"})
+
+
+def gradient_rules(t: Tensor) -> dict[int, tuple[Binop, object]]:
+    if t.op == "einsum":
+        n = len(t.operands)
+        if n == 1:
+            return {1: (_ADD, "g")}
+        if n == 2:
+            return _G_TIMES_V2
+        return {1: (_ADD, _b(Ternop.MUL3, "g", "v2", "v3")), 2: (_ADD, _b(Ternop.MUL3, "v1", "g", "v3")),
+                3: (_ADD, _b(Ternop.MUL3, "v1", "v2", "g"))}
+    if t.op == "mean":
+        (x,) = t.operands
+        count = int(np.prod(x.dims)) // builtins.max(1, int(np.prod(t.dims)))
+        return {1: (_ADD, _mul("g", 1.0 / count))}
+    return GRADIENTS.get(t.op, {})
+
+
+def backward_code(t: Tensor) -> list[Assignment]:
+    """The assignments adding ``t``'s contribution to its operands' gradients."""
+    if t.op == "take":
+        table, indices = t.operands
+        return [ScatterAdd(table.grad, indices.value, t.grad)] if table.requires_grad else []
+    code: list[Assignment] = []
+    for j, (accum, expr) in sorted(gradient_rules(t).items()):
+        target = t.operands[j - 1]
+        if not target.requires_grad:
+            continue
+        code.append(_gradient_accum(t, j, accum, expr))
+    return code
+
+
+def _gradient_accum(t: Tensor, j: int, accum: Binop, expr) -> Accum:
+    """``operand_j.grad <accum>= expr``, ``expr`` read at the forward op's projections."""
+    leaves: list[str] = []
+
+    def compile_expr(e):
+        if isinstance(e, str):
+            if e not in leaves:
+                leaves.append(e)
+            return Arg(leaves.index(e))
+        if isinstance(e, tuple):
+            return Apply(e[0], tuple(compile_expr(x) for x in e[1:]))
+        return float(e)
+
+    fn = compile_expr(expr)
+    rhs, slots = [], []
+    for leaf in leaves:
+        if leaf == "g":
+            rhs.append(t.grad)
+            slots.append(0)
+        elif leaf == "v":
+            rhs.append(t.value)
+            slots.append(0)
+        else:
+            k = int(leaf[1:])
+            rhs.append(_operand(t.operands[k - 1]))
+            slots.append(k)
+    if isinstance(fn, Arg):
+        fn = Unop.ID
+    return Accum(t.operands[j - 1].grad, accum, fn, tuple(rhs),
+                 lambda: retarget(t.projections(), j, slots), spec=_spec_text(t, "."))
 
 
 def param_init_code(t: Tensor):
@@ -252,6 +385,15 @@ def slice_batch(x: Tensor, sym: IndexSymbol, *, label: str | None = None) -> Ten
     if not isinstance(sym, IndexSymbol):
         raise TypeError(f"tensors are indexed by an oc.IndexSymbol (a batch slice), got {type(sym).__name__}")
     return new_op("slice", BatchSlice(sym), [x], label or f"{x.label}@{sym.name}")
+
+
+def take(table, indices, *, label: str | None = None) -> Tensor:
+    """Rows of ``table`` picked by the integer values of ``indices`` (the makemore ``C[X]``).
+
+    ``table``'s leftmost output axis is indexed by the values; the result has ``indices``' batch
+    and output axes followed by ``table``'s remaining output axes, and ``table``'s input axes.
+    ``indices`` has no input axes and ``table`` no batch axes. Its gradient scatter-adds."""
+    return new_op("take", Take(), [as_tensor(table), as_tensor(indices)], label)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -109,6 +109,8 @@ class Tensor:
         self._projections: Projections | None = None
         self._value: TNode | None = None
         self._host_value: np.ndarray | None = None
+        self._requires_grad: bool | None = None
+        self._grad: GradNode | None = None
 
     # -- shapes --------------------------------------------------------------------------------
 
@@ -157,6 +159,28 @@ class Tensor:
         if self._value is None:
             self._value = TNode(self.label, dims=lambda: self.dims, dtype=self.dtype)
         return self._value
+
+    @property
+    def requires_grad(self) -> bool:
+        """Parameters, and results of differentiable ops with a differentiable operand. Data,
+        constants, index embeddings and comparisons get no gradient node."""
+        if self._requires_grad is None:
+            if self.is_param:
+                self._requires_grad = True
+            elif self.logic is None or self.op in _ops().NON_DIFFERENTIABLE:
+                self._requires_grad = False
+            else:
+                self._requires_grad = any(o.requires_grad for o in self.operands)
+        return self._requires_grad
+
+    @property
+    def grad(self) -> TNode:
+        """The buffer of this tensor's gradient (``w.grad.numpy()`` reads it)."""
+        if not self.requires_grad:
+            raise SessionError(f"tensor {self.label!r} ({self.op}) is not differentiable: it has no gradient")
+        if self._grad is None:
+            self._grad = GradNode(self)
+        return self._grad
 
     @property
     def is_constant(self) -> bool:
@@ -257,6 +281,25 @@ class Tensor:
         if fn is None:
             raise AttributeError(f"'Tensor' object has no attribute {name!r}")
         return lambda *args, **kw: fn(self, *args, **kw)
+
+
+class GradNode(TNode):
+    """A tensor's gradient buffer; ``w.grad.numpy()`` reads it like a tensor's value."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, t: Tensor):
+        super().__init__(t.label, dims=lambda: t.dims, dtype=t.dtype, grad_of=t.value)
+        self.tensor = t
+
+    def numpy(self) -> np.ndarray:
+        from ocannl.backends.base import last_writer
+
+        ctx = last_writer(self)
+        if ctx is None:
+            raise SessionError(f"the gradient of {self.tensor.label!r} has not been computed: compile "
+                               f"and run train.grad_update(loss) first")
+        return ctx.get(self)
 
 
 def subgraph(t: Tensor) -> list[Tensor]:

@@ -259,3 +259,30 @@ def reduction_spec(kinds: tuple[str, ...]) -> es.EinsumSpec:
         text += "[]"  # an input row needs an output row after '->'; printed for readers only
     result = es.ShapeSpec(batch=keep["batch"], input=keep["input"], output=keep["output"], text=text)
     return es.EinsumSpec((every,), result, f"...|...->... => {text}", multichar=False)
+
+
+@dataclass
+class Take(ShapeLogic):
+    """``oc.take(table, indices)``: result batch = indices' batch; result output = indices'
+    output followed by table's output without its leftmost axis; result input = table's input.
+    The gather is lowered directly (no loops from projections)."""
+
+    def constraints(self, result, operands, origin):
+        table, indices = operands
+        s_rows = (indices.output,)
+        if not indices.output.is_closed:
+            raise ShapeError(f"{origin.describe()}: the indices' output axes must be known when "
+                             f"oc.take is built (got {indices.output})")
+        rest = RowVar("take_rows")
+        where = ("result", "table")
+        return [
+            RowEq(table.batch, Row(), origin, Where("batch", None, ("table", "no batch axes"))),
+            RowEq(indices.input, Row(), origin, Where("input", None, ("indices", "no input axes"))),
+            RowEq(table.output, Row((DimVar("rows"),), rest, ()), origin, Where("output", 0, where)),
+            RowEq(result.output, Row(s_rows[0].end, rest, ()), origin, Where("output", None, where)),
+            RowEq(result.batch, indices.batch, origin, Where("batch", None, ("result", "indices"))),
+            RowEq(result.input, table.input, origin, Where("input", None, where)),
+        ]
+
+    def layout(self, result, operands, solver):
+        raise ShapeError("oc.take is lowered as a gather; it has no projections")

@@ -132,3 +132,21 @@ def identity_projections(dims: tuple[int, ...], operand_dims: list[tuple[int, ..
     terms = [Loop(("axis", p), d) for p, d in enumerate(dims)]
     slots = [terms] + [terms if od else [] for od in operand_dims]
     return derive_projections(slots, [dims, *operand_dims], debug)
+
+
+def retarget(proj: Projections, lhs_slot: int, rhs_slots: list[int], debug: str = "") -> Projections:
+    """The same loops with other slots as result and operands (slot 0 is the original result,
+    slot ``j`` its ``j``-th operand): a gradient ``g1 =+ g * v2`` writes operand 1's slot and
+    reads the result's and operand 2's, over the forward op's product space (spec §3.2), so a
+    reduction of the forward pass becomes a broadcast backward, and a broadcast a reduction."""
+    indices = (proj.project_lhs, *proj.project_rhs)
+    dims = (proj.lhs_dims, *proj.rhs_dims)
+    return Projections(
+        product_space=proj.product_space,
+        product_iterators=proj.product_iterators,
+        lhs_dims=dims[lhs_slot],
+        rhs_dims=tuple(dims[k] for k in rhs_slots),
+        project_lhs=indices[lhs_slot],
+        project_rhs=tuple(indices[k] for k in rhs_slots),
+        debug=debug or proj.debug,
+    )

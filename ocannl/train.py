@@ -1,0 +1,219 @@
+"""Training: gradients, optimizers and loops over index symbols (spec/frontend.md §6.1).
+
+``grad_update(loss)`` is one computation: the forward code, zeroing every gradient, ``loss.grad =
+1``, then each op's backprop in reverse creation order (a tensor's gradient is complete before its
+own backprop reads it, since every consumer was created after it). Optimizers are computations
+too, written as accumulating assignments over each parameter, so ``ctx.compile(update, sgd)``
+compiles forward, backward and the parameter update into one routine, compiled once and run many
+times with different index bindings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from ocannl import ops
+from ocannl.errors import ShapeError
+from ocannl.lowlevel.assignments import Accum, Apply, Arg, Assignment, Block, Computation, Constant, Fetch
+from ocannl.lowlevel.scalar_ops import Binop, Unop
+from ocannl.lowlevel.tnode import TNode
+from ocannl.shape.projections import identity_projections
+from ocannl.tensor import Tensor, as_tensor, finish_inference, subgraph
+
+
+@dataclass
+class GradUpdate:
+    """Forward + backprop of ``loss``; ``params`` are the parameters it differentiates."""
+
+    loss: Tensor
+    params: list[Tensor]
+    computation: Computation
+
+    def to_computation(self) -> Computation:
+        return self.computation
+
+
+def grad_update(loss: Tensor) -> GradUpdate:
+    """Forward code, zero the gradients, ``loss.grad = 1``, backprop in reverse topological
+    order, as one computation (spec/frontend.md §3.1)."""
+    finish_inference()
+    if not loss.requires_grad:
+        raise ShapeError(f"grad_update: {loss.label!r} does not depend on any parameter")
+    forward = loss.to_computation()
+    graph = subgraph(loss)
+    differentiable = [u for u in graph if u.requires_grad]
+    zero = Block(tuple(Fetch(u.grad, Constant(0.0)) for u in differentiable), comment="zero grads")
+    backprop = Block(tuple(a for u in reversed(graph) if u.requires_grad and u.logic is not None
+                           for a in ops.backward_code(u)), comment=f"{loss.label} backprop")
+    body = Block((forward.body, zero, Fetch(loss.grad, Constant(1.0)), backprop))
+    params = [u for u in graph if u.is_param]
+    return GradUpdate(loss, params, Computation(f"{loss.label}_grad_update", body, forward.inits))
+
+
+@dataclass
+class _ParamUpdate:
+    """An optimizer step: per-parameter assignments plus their state buffers' initializers."""
+
+    name: str
+    body: list[Assignment] = field(default_factory=list)
+    inits: list[tuple[TNode, Assignment]] = field(default_factory=list)
+    prelude: tuple[Assignment, ...] = ()
+
+    def to_computation(self) -> Computation:
+        return Computation(self.name, Block(self.prelude + tuple(self.body), comment=self.name),
+                           tuple(self.inits))
+
+    def state(self, p: Tensor, what: str, dims: tuple[int, ...] | None = None) -> TNode:
+        node = TNode(f"{p.label}_{what}", dims=p.dims if dims is None else dims, dtype=p.dtype)
+        self.inits.append((node, Fetch(node, Constant(0.0))))
+        return node
+
+
+def _scalar(x, what: str):
+    """A learning rate or coefficient: a number stays a constant; a tensor (e.g. of ``step_n``)
+    must be a scalar, computed inside the routine."""
+    if isinstance(x, (int, float)):
+        return float(x), ()
+    t = as_tensor(x)
+    if t.dims not in ((), (1,)):
+        raise ShapeError(f"{what} must be a scalar, got dims {t.dims}")
+    return t, t.dims
+
+
+def _set(target: TNode, accum: Binop | None, expr, operands: list, operand_dims: list) -> Accum:
+    """``target <accum>= expr`` cell by cell, ``expr`` over ``operands`` (Arg(i) is operands[i])."""
+    dims = target.dims
+    used = sorted(_arg_indices(expr))
+    renumber = {old: new for new, old in enumerate(used)}
+    fn = Unop.ID if isinstance(expr, Arg) else _renumber(expr, renumber)
+    rhs = tuple(operands[i].value if isinstance(operands[i], Tensor) else operands[i] for i in used)
+    kept_dims = [operand_dims[i] for i in used]
+    return Accum(target, accum, fn, rhs, lambda: identity_projections(dims, kept_dims), spec=".")
+
+
+def _arg_indices(e) -> set[int]:
+    if isinstance(e, Arg):
+        return {e.index}
+    return e.arg_indices() if isinstance(e, Apply) else set()
+
+
+def _renumber(e, mapping: dict[int, int]):
+    """``e`` with its operand indices renumbered (operands an expression does not use are
+    dropped from the assignment)."""
+    if isinstance(e, Arg):
+        return Arg(mapping[e.index])
+    if isinstance(e, Apply):
+        return Apply(e.op, tuple(_renumber(x, mapping) for x in e.args))
+    return e
+
+
+def _with_decay(g: Arg, p: Arg, weight_decay: float):
+    """``g + weight_decay * p`` (L2 regularization folded into the gradient)."""
+    return g if not weight_decay else Apply(Binop.ADD, (g, Apply(Binop.MUL, (weight_decay, p))))
+
+
+def sgd_update(update: GradUpdate, lr=0.1, momentum: float = 0.0, weight_decay: float = 0.0,
+               nesterov: bool = False) -> _ParamUpdate:
+    """SGD as torch.optim.SGD (dampening 0): ``d = g + wd*p``; with momentum ``buf = m*buf + d``
+    and ``d = buf`` (Nesterov: ``d = d + m*buf``); ``p -= lr * d``. ``lr`` is a number or a
+    scalar tensor expression, e.g. of the ``step_n`` index symbol."""
+    if nesterov and not momentum:
+        raise ValueError("sgd_update: nesterov=True needs momentum > 0")
+    lr_val, lr_dims = _scalar(lr, "lr")
+    step = _ParamUpdate(f"{update.loss.label}_sgd_update", prelude=_forward_of(lr_val))
+    for p in update.params:
+        dims = p.dims
+        g, pv = p.grad, p.value
+        if not momentum:
+            expr = Apply(Binop.MUL, (Arg(0), _with_decay(Arg(1), Arg(2), weight_decay)))
+            step.body.append(_set(pv, Binop.SUB, expr, [lr_val, g, pv], [lr_dims, dims, dims]))
+            continue
+        buf = step.state(p, "sgd_momentum")
+        new_buf = Apply(Binop.ADD, (Apply(Binop.MUL, (momentum, Arg(0))), _with_decay(Arg(1), Arg(2), weight_decay)))
+        step.body.append(_set(buf, None, new_buf, [buf, g, pv], [dims, dims, dims]))
+        if nesterov:
+            d = Apply(Binop.ADD, (_with_decay(Arg(1), Arg(2), weight_decay), Apply(Binop.MUL, (momentum, Arg(3)))))
+            expr = Apply(Binop.MUL, (Arg(0), d))
+            step.body.append(_set(pv, Binop.SUB, expr, [lr_val, g, pv, buf], [lr_dims, dims, dims, dims]))
+        else:
+            step.body.append(_set(pv, Binop.SUB, Apply(Binop.MUL, (Arg(0), Arg(1))), [lr_val, buf], [lr_dims, dims]))
+    return step
+
+
+def adam_update(update: GradUpdate, lr=1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                weight_decay: float = 0.0, decoupled: bool = False) -> _ParamUpdate:
+    """Adam as torch.optim.Adam: ``m = b1*m + (1-b1)*g``, ``v = b2*v + (1-b2)*g*g``, then
+    ``p -= (lr / (1 - b1**t)) * m / (sqrt(v) / sqrt(1 - b2**t) + eps)`` with ``t`` the step count;
+    ``weight_decay`` adds ``wd*p`` to ``g`` (L2), or with ``decoupled=True`` (AdamW) first
+    scales ``p *= 1 - lr*wd``."""
+    b1, b2 = betas
+    lr_val, lr_dims = _scalar(lr, "lr")
+    step = _ParamUpdate(f"{update.loss.label}_adam_update", prelude=_forward_of(lr_val))
+    t = TNode("adam_step", dims=(), dtype=update.params[0].dtype if update.params else None)  # type: ignore[arg-type]
+    step.inits.append((t, Fetch(t, Constant(0.0))))
+    step.body.append(Accum(t, Binop.ADD, Unop.ID, (1.0,), lambda: identity_projections((), [()]), spec="."))
+    l2 = 0.0 if decoupled else weight_decay
+    for p in update.params:
+        dims = p.dims
+        g, pv = p.grad, p.value
+        m, v = step.state(p, "adam_m"), step.state(p, "adam_v")
+        if decoupled and weight_decay:
+            shrink = Apply(Binop.SUB, (1.0, Apply(Binop.MUL, (Arg(0), weight_decay))))
+            step.body.append(_set(pv, Binop.MUL, shrink, [lr_val], [lr_dims]))
+        grad = _with_decay(Arg(1), Arg(2), l2)
+        step.body.append(_set(m, None, Apply(Binop.ADD, (Apply(Binop.MUL, (b1, Arg(0))), Apply(Binop.MUL, (1.0 - b1, grad)))),
+                              [m, g, pv], [dims, dims, dims]))
+        sq = Apply(Binop.MUL, (grad, grad))
+        step.body.append(_set(v, None, Apply(Binop.ADD, (Apply(Binop.MUL, (b2, Arg(0))), Apply(Binop.MUL, (1.0 - b2, sq)))),
+                              [v, g, pv], [dims, dims, dims]))
+        # p -= (lr / (1 - b1**t)) * m / (sqrt(v) / sqrt(1 - b2**t) + eps); operands lr, t, m, v
+        step_size = Apply(Binop.DIV, (Arg(0), Apply(Binop.SUB, (1.0, Apply(Binop.POW, (b1, Arg(1)))))))
+        bc2 = Apply(Unop.SQRT, (Apply(Binop.SUB, (1.0, Apply(Binop.POW, (b2, Arg(1))))),))
+        denom = Apply(Binop.ADD, (Apply(Binop.DIV, (Apply(Unop.SQRT, (Arg(3),)), bc2)), eps))
+        expr = Apply(Binop.DIV, (Apply(Binop.MUL, (step_size, Arg(2))), denom))
+        step.body.append(_set(pv, Binop.SUB, expr, [lr_val, t, m, v], [lr_dims, (), dims, dims]))
+    return step
+
+
+def _forward_of(x) -> tuple[Assignment, ...]:
+    """The forward code computing a tensor hyper-parameter (none for a number)."""
+    if not isinstance(x, Tensor):
+        return ()
+    return (x.to_computation().body,)
+
+
+def sequential_loop(routine, **ranges: Iterable[int]) -> Iterable[dict[str, int]]:
+    """Run ``routine`` once per combination of the given index-symbol values (the last keyword
+    varies fastest), yielding the bindings after each run, without recompiling: the original's
+    ``sequential_loop``. E.g. ``for b in sequential_loop(step, batch_n=range(80)): ...``."""
+    names = list(ranges)
+    values = [list(r) for r in ranges.values()]
+
+    def rec(i: int, bound: dict[str, int]):
+        if i == len(names):
+            routine.run(**bound)
+            yield dict(bound)
+            return
+        for v in values[i]:
+            bound[names[i]] = v
+            yield from rec(i + 1, bound)
+
+    yield from rec(0, {})
+
+
+def train_epochs(routine, epochs: int, batch_symbol: str, n_batches: int, step_symbol: str | None = None,
+                 on_step: Callable[[int, int, int], None] | None = None) -> None:
+    """``epochs`` passes over ``n_batches`` batches: binds ``batch_symbol`` to the batch and
+    ``step_symbol`` (if given) to the global step count, runs ``routine``, and calls
+    ``on_step(epoch, batch, step)`` after each run."""
+    step = 0
+    for epoch in range(epochs):
+        for batch in range(n_batches):
+            bindings = {batch_symbol: batch}
+            if step_symbol is not None:
+                bindings[step_symbol] = step
+            routine.run(**bindings)
+            if on_step is not None:
+                on_step(epoch, batch, step)
+            step += 1
