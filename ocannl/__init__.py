@@ -7,7 +7,8 @@ from ocannl import errors
 from ocannl.backends.base import Context
 from ocannl.explain import explain_shapes
 from ocannl.lowlevel.indexing import IndexSymbol
-from ocannl.ops import (DimRef, abs, add, compose, cos, div, einmax, einsum, eq, exp, exp2, fma, gt,
+from ocannl.ops import (DimRef, abs, add, compose, concat, cos, deinterleave_even, deinterleave_odd, div,
+                        einmax, einsum, eq, exp, exp2, fma, gt, interleave, stack, take,
                         log, log2, lt, max, maximum, mean, minimum, mul, ne, neg, not_, outer_sum,
                         pow, recip, recip_sqrt, relu, sat01, sigmoid, sin, slice_batch, sqrt, sub,
                         sum, tanh, tropical, where)
@@ -18,5 +19,6 @@ __all__ = [
     "abs", "add", "compose", "cos", "div", "einmax", "einsum", "eq", "exp", "exp2", "fma", "gt",
     "log", "log2", "lt", "max", "maximum", "mean", "minimum", "mul", "ne", "neg", "not_",
     "outer_sum", "pow", "recip", "recip_sqrt", "relu", "sat01", "sigmoid", "sin", "slice_batch",
-    "sqrt", "sub", "sum", "tanh", "tropical", "where",
+    "sqrt", "sub", "sum", "tanh", "tropical", "where", "concat", "stack", "interleave",
+    "deinterleave_even", "deinterleave_odd", "take",
 ]

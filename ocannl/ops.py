@@ -19,8 +19,9 @@ from ocannl.lowlevel.indexing import IndexSymbol
 from ocannl.lowlevel.scalar_ops import Binop, ScalarOp, Ternop, Unop
 from ocannl.shape import einsum as es
 from ocannl.shape import solver as solver_mod
-from ocannl.shape.logic import BatchSlice, Compose, Einsum, Pointwise, Take, reduction_spec
-from ocannl.shape.projections import identity_projections, retarget
+from ocannl.shape.shape import Shape
+from ocannl.shape.logic import BatchSlice, Compose, Einsum, Interleave, Pointwise, Take, reduction_spec
+from ocannl.shape.projections import derive_projections, identity_projections, retarget
 from ocannl.shape.shape import KINDS, Row
 from ocannl.shape.solver import DimEq, Origin
 from ocannl.tensor import Tensor, as_tensor, new_op
@@ -103,6 +104,10 @@ def forward_code(t: Tensor) -> Assignment:
     if t.op == "take":
         table, indices = t.operands
         return Gather(t.value, table.value, indices.value)
+    if t.op in ("concat", "interleave"):
+        return Block(tuple(Accum(t.value, None, Unop.NEG if t.attrs.get("negated") else Unop.ID,
+                                 (_operand(o),), _part_projections(t, j), spec=_spec_text(t, t.op))
+                           for j, o in enumerate(t.operands)))
     raise ShapeError(f"no forward code for op {t.op!r}")
 
 
@@ -194,6 +199,10 @@ def backward_code(t: Tensor) -> list[Assignment]:
     if t.op == "take":
         table, indices = t.operands
         return [ScatterAdd(table.grad, indices.value, t.grad)] if table.requires_grad else []
+    if t.op in ("concat", "interleave"):
+        accum = Binop.SUB if t.attrs.get("negated") else Binop.ADD
+        return [Accum(o.grad, accum, Unop.ID, (t.grad,), _retargeted_part(t, j), spec=_spec_text(t, t.op))
+                for j, o in enumerate(t.operands) if o.requires_grad]
     code: list[Assignment] = []
     for j, (accum, expr) in sorted(gradient_rules(t).items()):
         target = t.operands[j - 1]
@@ -233,6 +242,24 @@ def _gradient_accum(t: Tensor, j: int, accum: Binop, expr) -> Accum:
         fn = Unop.ID
     return Accum(t.operands[j - 1].grad, accum, fn, tuple(rhs),
                  lambda: retarget(t.projections(), j, slots), spec=_spec_text(t, "."))
+
+
+def _part_projections(t: Tensor, j: int):
+    """Projections of component ``j`` of a concatenation or interleaving: (result, operand j)."""
+    def proj():
+        t.dims  # finalizes inference
+        from ocannl.shape import solver as s
+
+        shapes = [o._shape for o in t.operands]
+        slots = t.logic.part_layout(j, t._shape, shapes, s.current())  # type: ignore[union-attr]
+        return derive_projections(slots, [t.dims, t.operands[j].dims], debug=f"{t.op} {t.label} part {j}")
+
+    return proj
+
+
+def _retargeted_part(t: Tensor, j: int):
+    forward = _part_projections(t, j)
+    return lambda: retarget(forward(), 1, [0])
 
 
 def param_init_code(t: Tensor):
@@ -394,6 +421,51 @@ def take(table, indices, *, label: str | None = None) -> Tensor:
     and output axes followed by ``table``'s remaining output axes, and ``table``'s input axes.
     ``indices`` has no input axes and ``table`` no batch axes. Its gradient scatter-adds."""
     return new_op("take", Take(), [as_tensor(table), as_tensor(indices)], label)
+
+
+def concat(spec: str, tensors: Sequence, *, negated: bool = False, label: str | None = None) -> Tensor:
+    """Concatenation along an axis written ``a^b^c`` in the result (spec §2.3), e.g.
+    ``oc.concat("...|a; ...|b => ...|a^b", [x, y])``: component ``j`` comes from tensor ``j``."""
+    parsed = es.parse_einsum(spec)
+    if len(parsed.operands) != len(tensors):
+        raise EinsumSyntaxError(spec, len(spec), f"oc.concat: the spec has {len(parsed.operands)} operands "
+                                f"and {len(tensors)} tensors were given")
+    t = new_op("concat", Einsum(parsed), [as_tensor(x) for x in tensors], label, spec=spec)
+    t.attrs["negated"] = negated
+    return t
+
+
+def stack(tensors: Sequence, kind: str = "output", *, label: str | None = None) -> Tensor:
+    """A new leftmost axis of ``kind`` holding the tensors in order (they must have one shape)."""
+    if kind not in KINDS:
+        raise ValueError(f"stack: kind must be one of {KINDS}, got {kind!r}")
+    n = len(tensors)
+    parts = "^".join(f"s{j}" for j in range(n))
+    rows = {"batch": "..b..", "input": "..i..", "output": "..o.."}
+    operand = f"{rows['batch']} | {rows['input']} -> {rows['output']}"
+    result = dict(rows)
+    result[kind] = f"{parts}, {rows[kind]}" if n > 1 else f"s0, {rows[kind]}"
+    spec = "; ".join(operand for _ in range(n)) + f" => {result['batch']} | {result['input']} -> {result['output']}"
+    t = concat(spec, tensors, label=label or "stack")
+    origin = Origin("stack", t.label, solver_mod.caller_source(), (), spec)
+    # Each component is one position of the new axis.
+    solver_mod.current().add([DimEq(t.logic.labels[f"s{j}"], 1, origin) for j in range(n)])  # type: ignore[union-attr]
+    return t
+
+
+def interleave(a, b, *, label: str | None = None) -> Tensor:
+    """``r[..., 2i] = a[..., i]``, ``r[..., 2i+1] = b[..., i]`` along the last output axis."""
+    return new_op("interleave", Interleave(), [as_tensor(a), as_tensor(b)], label)
+
+
+def deinterleave_even(x, *, label: str | None = None) -> Tensor:
+    """``r[..., i] = x[..., 2i]`` along the last output axis."""
+    return einsum("..b.. | ..i.. -> ..o.., 2*k => ..b.. | ..i.. -> ..o.., k", x, label=label or "even")
+
+
+def deinterleave_odd(x, *, label: str | None = None) -> Tensor:
+    """``r[..., i] = x[..., 2i+1]`` along the last output axis."""
+    return einsum("..b.. | ..i.. -> ..o.., 2*k+1 => ..b.. | ..i.. -> ..o.., k", x, label=label or "odd")
 
 
 # ---------------------------------------------------------------------------------------------

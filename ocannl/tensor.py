@@ -330,7 +330,7 @@ def new_op(op: str, logic: ShapeLogic, operands: Sequence[Tensor], label: str | 
     shape = Shape(Row.open(), Row.open(), Row.open(), tensor_label=label or op)
     source = solver_mod.caller_source()
     t = Tensor(op=op, label=label or op, shape=shape, operands=operands, logic=logic, attrs=attrs,
-               source=source)
+               source=source, dtype=result_dtype(op, operands))
     names = ["operand"] if len(operands) == 1 else [f"operand {i + 1}" for i in range(len(operands))]
     origin = Origin(op, label or "", source,
                     (("result", shape), *((f"{n} ({o.label})", o._shape) for n, o in zip(names, operands))),
@@ -346,6 +346,18 @@ def new_op(op: str, logic: ShapeLogic, operands: Sequence[Tensor], label: str | 
         s.queue.clear()
         raise
     return t
+
+
+def result_dtype(op: str, operands: Sequence[Tensor]) -> DType:
+    """The precision of an op's result: the highest float precision among its operands that are
+    not constants (numbers adapt to their consumer), float32 if none; a gather keeps its table's."""
+    if op == "take":
+        return operands[0].dtype
+    floats = [o.dtype for o in operands if not o.is_constant and o.dtype.is_float]
+    dtype = floats[0] if floats else dtypes.DEFAULT
+    for d in floats[1:]:
+        dtype = dtypes.promote(dtype, d)
+    return dtype
 
 
 def leaf(op: str, label: str, batch: Row, output: Row, input: Row, *, is_param: bool = False,
@@ -399,14 +411,15 @@ def _row_of_sizes(sizes, what: str, label: str) -> Row:
     return Row.closed(sizes)
 
 
-def param(label: str, output=None, input=None, init=None) -> Tensor:
+def param(label: str, output=None, input=None, init=None, dtype: DType | str | None = None) -> Tensor:
     """A learnable parameter. ``output``/``input`` are sizes: an int (one axis), a tuple (several,
     leftmost first) or ``()`` (no axes); left out, they are inferred from the parameter's uses
     (an error names the parameter when nothing determines them). Parameters have no batch axes."""
     if not isinstance(label, str) or not label:
         raise TypeError("oc.param: the first argument is the parameter's label (a non-empty string)")
+    dtype = dtypes.by_name(dtype) if isinstance(dtype, str) else (dtype or dtypes.DEFAULT)
     return leaf("param", label, Row.closed(()), _row_of_sizes(output, "output", label),
-                _row_of_sizes(input, "input", label), is_param=True, init=init)
+                _row_of_sizes(input, "input", label), is_param=True, init=init, dtype=dtype)
 
 
 def embed_symbol(sym: IndexSymbol) -> Tensor:

@@ -145,6 +145,7 @@ class Einsum(ShapeLogic):
     labels: dict[str, DimVar] = field(default_factory=dict)
     row_vars: dict[str, RowVar] = field(default_factory=dict)
     axis_dims: dict[int, DimVar] = field(default_factory=dict)  # id(axis node) -> its dim var
+    active_part: int | None = None  # while laying out one component of a concatenation
 
     def _label(self, name: str) -> DimVar:
         v = self.labels.get(name)
@@ -235,9 +236,24 @@ class Einsum(ShapeLogic):
             kernel = label_loop(ax.kernel) if ax.kernel is not None else None
             pad = padding_left(kernel.size, ax.dilation) if (kernel is not None and use_padding) else 0
             return Conv(label_loop(ax.over), ax.stride, kernel, ax.dilation, ax.offset, pad)
-        raise ShapeError(
-            f"axis concatenation {'^'.join(ax.parts)!r} in {self.spec.text!r}: use oc.concat for "
-            f"concatenations")
+        if self.active_part is None:
+            raise ShapeError(
+                f"axis concatenation {'^'.join(ax.parts)!r} in {self.spec.text!r}: use oc.concat for "
+                f"concatenations")
+        # Concatenation: one assignment per component; the active one writes at its offset.
+        sizes = [label_loop(p).size for p in ax.parts]
+        j = self.active_part
+        return Conv(label_loop(ax.parts[j]), 1, None, 1, sum(sizes[:j]), 0)
+
+    def part_layout(self, j: int, result: Shape, operands: list[Shape], solver: Solver) -> list[list[Term]]:
+        """The slots (result, operand ``j``) of component ``j`` of a concatenation (spec §2.3
+        ``a^b``): the result's concatenated axis is written at component ``j``'s offset."""
+        self.active_part = j
+        try:
+            slots = self.layout(result, operands, solver)
+        finally:
+            self.active_part = None
+        return [slots[0], slots[1 + j]]
 
 
 def _at(origin: Origin, pos: int) -> Origin:
@@ -286,3 +302,34 @@ class Take(ShapeLogic):
 
     def layout(self, result, operands, solver):
         raise ShapeError("oc.take is lowered as a gather; it has no projections")
+
+
+@dataclass
+class Interleave(ShapeLogic):
+    """``oc.interleave(a, b)``: ``r[..., 2i] = a[..., i]``, ``r[..., 2i+1] = b[..., i]`` on the
+    last output axis; the other axes are shared by all three. Written as two assignments, one
+    per operand (:meth:`part_layout`)."""
+
+    def constraints(self, result, operands, origin):
+        a, b = operands
+        n, rest = DimVar("n"), RowVar("interleave")
+        out: list[Constraint] = []
+        for name, s in (("operand 1", a), ("operand 2", b)):
+            out.append(RowEq(s.output, Row((), rest, (n,)), origin, Where("output", -1, (name, "result"))))
+            out.append(RowEq(s.batch, result.batch, origin, Where("batch", None, (name, "result"))))
+            out.append(RowEq(s.input, result.input, origin, Where("input", None, (name, "result"))))
+        twice = DimVar("twice")
+        out.append(RowEq(result.output, Row((), rest, (twice,)), origin, Where("output", -1)))
+        out.append(ConvDim(twice, 2, n, 1, None, True, origin, Where("output", -1)))
+        return out
+
+    def part_layout(self, j: int, result: Shape, operands: list[Shape], solver: Solver) -> list[list[Term]]:
+        rb, ro, ri = (result.row(k).dims for k in KINDS)
+        n = ro[-1] // 2  # type: ignore[operator]
+        res = _own_terms(rb, "b") + _own_terms(ro[:-1], "o") + [Conv(Loop("n", n), 2, None, 1, j, 0)] \
+            + _own_terms(ri, "i")  # type: ignore[arg-type]
+        src = _own_terms(rb, "b") + _own_terms(ro[:-1], "o") + [Loop("n", n)] + _own_terms(ri, "i")  # type: ignore[arg-type]
+        return [res, src]
+
+    def layout(self, result, operands, solver):
+        raise ShapeError("oc.interleave is computed per operand (part_layout)")
