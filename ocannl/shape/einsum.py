@@ -298,8 +298,9 @@ class _Parser:
         self.advance()
         result, empty = self.shape()
         tok = self.peek()
-        if empty:
+        if empty and tok.kind not in ("eof", "=>"):
             raise self.error(tok, "expected a result spec after '=>'")
+        # An empty result (``i;i=>``) is a scalar, as numpy's ``i,i->``.
         if tok.kind == "=>":
             raise self.error(tok, "expected one '=>' only: operands ';' ... '=>' one result spec")
         if tok.kind != "eof":

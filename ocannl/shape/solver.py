@@ -868,7 +868,7 @@ def caller_source() -> str:
     frame = sys._getframe(1)
     while frame is not None:
         fname = frame.f_code.co_filename
-        if not os.path.abspath(fname).startswith(here):
+        if not fname.startswith("<frozen") and not os.path.abspath(fname).startswith(here):
             return f"{os.path.basename(fname)}:{frame.f_lineno}"
         frame = frame.f_back  # type: ignore[assignment]
     return ""

@@ -259,7 +259,6 @@ MALFORMED = [
     # (spec, position of the caret, part of the `expected` text)
     ("ij;jk", 5, "expected '=>' and a result spec"),
     ("ij", 2, "expected '=>' and a result spec"),
-    ("ij;jk=>", 7, "expected a result spec after '=>'"),
     ("", 0, "expected an operand shape spec"),
     ("i;", 2, "expected an operand shape spec"),
     ("ij;;jk=>ik", 3, "expected an operand shape spec before ';'"),
@@ -453,3 +452,10 @@ def test_any_string_parses_or_raises_a_syntax_error_inside_the_spec(text):
     except EinsumSyntaxError as err:
         assert 0 <= err.position <= len(text)
         assert err.expected
+
+
+def test_empty_result_is_a_scalar():
+    """``i;i=>`` reduces everything, as numpy's ``i,i->``."""
+    spec = parse_einsum("i;i=>")
+    assert spec.result.batch.axes == spec.result.input.axes == spec.result.output.axes == ()
+    assert all(r.closed for r in (spec.result.batch, spec.result.input, spec.result.output))
