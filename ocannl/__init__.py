@@ -3,9 +3,10 @@
 The public API (shared/DESIGN.md §4) is re-exported here: ``import ocannl as oc``.
 """
 
-from ocannl import errors
+from ocannl import errors, init
 from ocannl.backends.base import Context
 from ocannl.explain import explain_shapes
+from ocannl.init import seed
 from ocannl.lowlevel.indexing import IndexSymbol
 from ocannl.ops import (DimRef, abs, add, compose, concat, cos, deinterleave_even, deinterleave_odd, div,
                         einmax, einsum, eq, exp, exp2, fma, gt, interleave, stack, take,
@@ -15,7 +16,7 @@ from ocannl.ops import (DimRef, abs, add, compose, concat, cos, deinterleave_eve
 from ocannl.tensor import Tensor, number, param, tensor
 
 __all__ = [
-    "errors", "Context", "explain_shapes", "IndexSymbol", "Tensor", "tensor", "param", "number", "DimRef",
+    "errors", "init", "seed", "Context", "explain_shapes", "IndexSymbol", "Tensor", "tensor", "param", "number", "DimRef",
     "abs", "add", "compose", "cos", "div", "einmax", "einsum", "eq", "exp", "exp2", "fma", "gt",
     "log", "log2", "lt", "max", "maximum", "mean", "minimum", "mul", "ne", "neg", "not_",
     "outer_sum", "pow", "recip", "recip_sqrt", "relu", "sat01", "sigmoid", "sin", "slice_batch",

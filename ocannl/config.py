@@ -45,3 +45,24 @@ def read_config_file(path: Path | None = None) -> dict[str, str]:
             raise OcannlError(f"{path}:{lineno}: {key} is set twice")
         settings[key] = value.strip()
     return settings
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def flag(name: str, argument: bool | None = None, default: bool = False) -> bool:
+    """A yes/no setting, from the same sources as :func:`get`: ``1``, ``true``, ``yes``, ``on``
+    and ``0``, ``false``, ``no``, ``off`` (any case). Settings read this way: ``fast_math``
+    (``OCANNL_FAST_MATH=1``: the optimizer forms fused multiply-adds, which round once instead of
+    twice, so results differ from the deterministic default; ocannl/lowlevel/optimize.py)."""
+    if argument is not None:
+        return bool(argument)
+    value = get(name)
+    if value is None:
+        return default
+    if value.strip().lower() in _TRUE:
+        return True
+    if value.strip().lower() in _FALSE:
+        return False
+    raise OcannlError(f"setting {name} must be one of {', '.join(_TRUE + _FALSE)}, got {value!r}")

@@ -216,7 +216,13 @@ def _gradient_accum(t: Tensor, j: int, accum: Binop, expr) -> Accum:
     """``operand_j.grad <accum>= expr``, ``expr`` read at the forward op's projections."""
     leaves: list[str] = []
 
+    # With a reducing spec (``oc.exp(x, spec="ij=>i")``) the result holds a sum, not each
+    # point's value: a rule reading ``v`` recomputes it from the operands at the point.
+    pointwise_value = t.op in _POINTWISE_FN and isinstance(t.logic, Einsum)
+
     def compile_expr(e):
+        if e == "v" and pointwise_value:
+            return compile_expr((_POINTWISE_FN[t.op], *(f"v{k + 1}" for k in range(len(t.operands)))))
         if isinstance(e, str):
             if e not in leaves:
                 leaves.append(e)

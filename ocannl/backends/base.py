@@ -35,7 +35,7 @@ from ocannl.lowlevel.assignments import ASSIGNMENT_TYPES, Assignment, Block, Com
 from ocannl.lowlevel.indexing import IndexSymbol
 from ocannl.lowlevel.ir import RoutineIR, format_routine
 from ocannl.lowlevel.lower import lower_routine
-from ocannl.lowlevel.optimize import optimize
+from ocannl.lowlevel.optimize import inlined_nodes, materialized_nodes, optimize, routine_inputs
 from ocannl.lowlevel.tnode import TNode, sanitize_identifier
 
 
@@ -121,6 +121,10 @@ class Context:
         self.stats = ContextStats()
         self.debug_dir = config.get("debug_dir", None if debug_dir is None else str(debug_dir))
         self._buffers: dict[TNode, np.ndarray] = {}
+        self._inputs: set[TNode] = set()
+        """Nodes some routine compiled here reads as an input: later routines keep them."""
+        self._inlined: dict[TNode, str] = {}
+        """Node -> the routine that last computed it inline, without storing it (optimize.py)."""
         _contexts.add(self)
 
     @classmethod
@@ -152,6 +156,8 @@ class Context:
     def get(self, tnode: TNode) -> np.ndarray:
         """A copy of ``tnode``'s value, of shape ``tnode.dims`` (bfloat16 values come back as
         float32; uint4x32 values as uint32 with a trailing axis of 4)."""
+        if tnode in self._inlined:
+            raise SessionError(_inlined_message(tnode, self._inlined[tnode]))
         if tnode not in self._buffers:
             raise SessionError(
                 f"{tnode.debug_name} has no value on this context: run a routine that computes it, or set it"
@@ -175,6 +181,7 @@ class Context:
         else:
             stored = value.astype(tnode.dtype.storage)
         self._buffers[tnode] = np.ascontiguousarray(stored).copy()
+        self._inlined.pop(tnode, None)
 
     def _buffer(self, tnode: TNode) -> np.ndarray:
         if tnode not in self._buffers:
@@ -221,13 +228,18 @@ class Context:
             raise IndexBindingError(
                 f"routine {name} uses two different index symbols of the same name: {names}"
             )
-        optimized = optimize(unoptimized)
+        # Keep what the user did not mark virtual, and what routines compiled here read as input.
+        inputs = routine_inputs(unoptimized)
+        optimized = optimize(unoptimized, materialized_nodes(unoptimized) | self._inputs)
+        self._inputs |= inputs
         if self.debug_dir is not None:
             self.debug_dir.mkdir(parents=True, exist_ok=True)
             (self.debug_dir / f"{name}.cd").write_text(format_cd(name, body))
             (self.debug_dir / f"{name}-unoptimized.ll").write_text(format_routine(unoptimized))
             (self.debug_dir / f"{name}.ll").write_text(format_routine(optimized))
-        return Routine(self, optimized, self.backend.compile(optimized))
+        routine = Routine(self, optimized, self.backend.compile(optimized))
+        routine._inputs, routine._inlined = inputs, inlined_nodes(unoptimized, optimized)
+        return routine
 
     def __repr__(self) -> str:
         return f"Context({self.backend_name!r}, {len(self._buffers)} buffers)"
@@ -242,6 +254,9 @@ class Routine:
         self._executable = executable
         self._symbols = {s.name: s for s in ir.static_symbols}
         self._bindings: dict[IndexSymbol, int] = {}
+        self._inputs: frozenset[TNode] = frozenset()
+        self._inlined: frozenset[TNode] = frozenset()
+        """Nodes this routine computes inline (virtualized): they get no buffer."""
 
     @property
     def name(self) -> str:
@@ -257,9 +272,21 @@ class Routine:
                 f"routine {self.name} reads index symbol(s) {', '.join(missing)} that have no value: "
                 f"pass them to run(), e.g. run({missing[0]}=0)"
             )
+        inlined = self.context._inlined
+        for node in self._inputs:
+            if node in inlined:
+                raise SessionError(
+                    f"routine {self.name} reads {node.debug_name}, but routine {inlined[node]} computed it inline "
+                    f"(virtualized) without storing it: call mark_materialized on it (ocannl.lowlevel.tnode) "
+                    f"before compiling {inlined[node]}"
+                )
         buffers = {node: self.context._buffer(node) for node in self.ir.reads + self.ir.writes}
         self._executable.run(buffers, self._bindings)
         self.context.stats.runs += 1
+        for node in self._inlined:
+            inlined[node] = self.name
+        for node in self.ir.writes:
+            inlined.pop(node, None)
         for node in self.ir.writes:
             _last_writer[node.id] = weakref.ref(self.context)
 
@@ -279,6 +306,14 @@ class Routine:
 
     def __repr__(self) -> str:
         return f"Routine({self.name!r})"
+
+
+def _inlined_message(tnode: TNode, routine: str) -> str:
+    return (
+        f"{tnode.debug_name} was virtualized: routine {routine} computes it inline where it is used and never "
+        f"stores it, so it has no value to read. To keep it, call mark_materialized on it "
+        f"(ocannl.lowlevel.tnode) before compiling {routine}, or read it (t.numpy()) before that routine runs"
+    )
 
 
 def _buffer_shape(tnode: TNode) -> tuple[int, ...]:

@@ -44,14 +44,21 @@ class Arg:
 
 
 @dataclass(frozen=True)
+class CellOffset:
+    """Inside an :class:`Apply` expression: the row-major offset of the left-hand side cell being
+    written (``0, 1, 2, ...``), the counter of a random fill (``ocannl/lowlevel/prng.py``)."""
+
+
+@dataclass(frozen=True)
 class Apply:
     """A scalar expression over the operands of an accumulating assignment: ``op(args...)``,
-    where each argument is an :class:`Arg`, a nested :class:`Apply` or a number. Gradients need
+    where each argument is an :class:`Arg`, a nested :class:`Apply`, a number, a uint4x32
+    constant (a tuple of four ints, e.g. a PRNG key) or :class:`CellOffset`. Gradients need
     it (``g2 =- g * (v1 / (v2 * v2))`` is one assignment, spec/frontend.md §3.2); a single
     operator applied to every operand in order is written as the bare operator."""
 
     op: ScalarOp
-    args: tuple["Apply | Arg | float | int", ...]
+    args: tuple["Apply | Arg | CellOffset | float | int | tuple[int, int, int, int]", ...]
 
     def __post_init__(self) -> None:
         if len(self.args) != self.op.arity:
@@ -336,9 +343,13 @@ def _format_op(op: ScalarOp, args: list[str]) -> str:
     return f"{op.value}({', '.join(args)})"
 
 
-def _format_fn(fn: Apply | Arg | float | int, args: list[str], top: bool = False) -> str:
+def _format_fn(fn: Apply | Arg | CellOffset | float | int | tuple, args: list[str], top: bool = False) -> str:
     if isinstance(fn, Arg):
         return args[fn.index]
+    if isinstance(fn, CellOffset):
+        return "cell_offset()"
+    if isinstance(fn, tuple):
+        return f"uint4x32({', '.join(str(int(v)) for v in fn)})"
     if not isinstance(fn, Apply):
         return format_number(fn)
     text = _format_op(fn.op, [_format_fn(x, args) for x in fn.args])

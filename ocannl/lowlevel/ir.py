@@ -10,7 +10,10 @@ keeps explicit what each of them needs:
 * Every expression knows its :class:`~ocannl.lowlevel.dtypes.DType`, always a compute type
   (dtypes.py): a :class:`Load` of a float16 or bfloat16 node yields float32, and a store rounds
   to the node's precision. Operands of an operator have the operator's type; conversions are
-  explicit :class:`Cast` nodes, so emitters never infer a type.
+  explicit :class:`Cast` nodes, so emitters never infer a type. The PRNG operators are the
+  exception, each with fixed types: ``threefry4x32`` on uint4x32 values, and the conversions
+  ``uniform1`` and ``uint4x32_of``, :class:`Unary` nodes that state their result type (their bits:
+  ``ocannl/lowlevel/prng.py``).
 * Buffer indices are :data:`~ocannl.lowlevel.indexing.AxisIndex` values, affine in loop symbols
   and static index symbols (bound at run time), except one axis of :class:`LoadDynamic` /
   :class:`StoreDynamic`, indexed by a data-dependent integer (``oc.take`` and its gradient).
@@ -109,15 +112,34 @@ class LoadDynamic:
 
 @dataclass(frozen=True)
 class Unary:
+    """``op(x)``, of ``x``'s type, except the PRNG conversions: ``uniform1`` yields ``to``
+    (float32 or float64) from a uint4x32, ``uint4x32_of`` a uint4x32 from an integer (its ``to``
+    is left out). See ``ocannl/lowlevel/prng.py`` for their bits."""
+
     op: Unop
     x: Expr
+    to: DType | None = None
 
     def __post_init__(self) -> None:
-        _check_operator(self.op, (self.x.dtype,))
+        if self.op is Unop.UNIFORM1:
+            if self.x.dtype is not dtypes.uint4x32 or self.to not in (dtypes.float32, dtypes.float64):
+                got = self.to.name if self.to else "no type"
+                raise DTypeError(
+                    f"uniform1 converts a uint4x32 to float32 or float64, got {self.x.dtype.name} to {got}"
+                )
+        elif self.op is Unop.UINT4X32_OF:
+            if self.x.dtype.is_float or self.x.dtype is dtypes.uint4x32 or self.to not in (None, dtypes.uint4x32):
+                raise DTypeError(f"uint4x32_of takes an integer, got {self.x.dtype.name}: cast it")
+        else:
+            if self.to is not None:
+                raise DTypeError(f"{self.op.value} is not a conversion: its result has its operand's type")
+            _check_operator(self.op, (self.x.dtype,))
 
     @property
     def dtype(self) -> DType:
-        return self.x.dtype
+        if self.op is Unop.UINT4X32_OF:
+            return dtypes.uint4x32
+        return self.to or self.x.dtype
 
 
 @dataclass(frozen=True)
@@ -232,11 +254,15 @@ class Seq:
 
 @dataclass(frozen=True)
 class Store:
-    """``tnode[indices] := value``, rounding ``value`` to the node's precision."""
+    """``tnode[indices] := value``, rounding ``value`` to the node's precision. With
+    ``skip_oob`` a store whose index falls outside the dims does nothing (the gradient of a
+    padded convolution lands partly in the margins, which have no cells); otherwise an
+    out-of-bounds store is an error. Emitters generate a bounds test for it."""
 
     tnode: TNode
     indices: tuple[AxisIndex, ...]
     value: Expr
+    skip_oob: bool = False
 
     def __post_init__(self) -> None:
         _check_rank(self.tnode, len(self.indices))
@@ -432,8 +458,10 @@ def _check_operator(op: Unop | Binop | Ternop, operand_types: tuple[DType, ...])
         names = ", ".join(t.name for t in operand_types)
         raise DTypeError(f"{op.value} needs operands of one type, got {names}: cast them")
     _require_compute(first, f"an operand of {op.value}")
-    if first is dtypes.uint4x32:
-        raise DTypeError(f"{op.value} is not defined on uint4x32 values")
+    if (first is dtypes.uint4x32) != (op is Binop.THREEFRY4X32):
+        if first is dtypes.uint4x32:
+            raise DTypeError(f"{op.value} is not defined on uint4x32 values")
+        raise DTypeError(f"threefry4x32 takes uint4x32 key and counter, got {first.name}")
     if op.float_only and not first.is_float:
         raise DTypeError(f"{op.value} is defined on floats only, got {first.name}: cast the operand")
 
@@ -477,8 +505,9 @@ def format_stmt(stmt: Stmt, namer: Namer) -> str:
             return f"for {namer.symbol(s)} = 0 to {n - 1} {_braced(format_stmt(body, namer))}"
         case Seq(stmts=stmts):
             return " ".join(format_stmt(s, namer) for s in stmts)
-        case Store(tnode=t, indices=idx, value=v):
-            return f"{_access(t, idx, namer)} := {format_expr(v, namer)};"
+        case Store(tnode=t, indices=idx, value=v, skip_oob=skip):
+            guard = "if in bounds: " if skip else ""
+            return f"{guard}{_access(t, idx, namer)} := {format_expr(v, namer)};"
         case StoreDynamic(tnode=t, axis=axis, position=p, indices=idx, value=v):
             return f"{_dynamic_access(t, axis, p, idx, namer)} := {format_expr(v, namer)};"
         case Fill(tnode=t, value=v):

@@ -19,6 +19,7 @@ from ocannl.lowlevel.assignments import (
     Arg,
     Assignment,
     Block,
+    CellOffset,
     Constant,
     EmbedSymbol,
     Fetch,
@@ -30,7 +31,7 @@ from ocannl.lowlevel.assignments import (
     Slice,
     Values,
 )
-from ocannl.lowlevel.dtypes import DType
+from ocannl.lowlevel.dtypes import DType, DTypeError
 from ocannl.lowlevel.indexing import (
     Affine,
     AxisIndex,
@@ -61,7 +62,7 @@ from ocannl.lowlevel.ir import (
     loop,
     seq,
 )
-from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop, neutral_element
+from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop, neutral_element, operand_dtypes
 from ocannl.lowlevel.tnode import TNode
 
 
@@ -126,32 +127,37 @@ def lower_accumulation(a: Accum) -> Stmt:
         indices, oob = [], False
         for idx, d in zip(proj.project_rhs[j], r.dims):
             new = _substitute(idx, subst)
-            if d == 1 and isinstance(new, (Fixed, Iter)):
+            if isinstance(idx, Affine):  # a window may leave a size-1 axis too: no broadcasting
+                oob |= not _within(new, d, extents)
+            elif d == 1 and isinstance(new, (Fixed, Iter)):
                 new = Fixed(0)
-            oob |= isinstance(idx, Affine) and not _within(new, d, extents)
             indices.append(new)
         oob_value = _const(neutral_element(a.accum, r.dtype), r.dtype.compute).value if oob else None
         return _convert(Load(r, tuple(indices), oob_value), dtype)
 
+    lhs_idx = tuple(_substitute(idx, subst) for idx in proj.project_lhs)
     if isinstance(a.fn, Apply):
-        args = [operand(j, r, compute) for j, r in enumerate(a.rhs)]
-        value = _apply_tree(a.fn, args, compute)
+        offset = _row_major_offset(lhs_idx, a.lhs.dims)
+        value = _apply_tree(a.fn, lambda j, dtype: operand(j, a.rhs[j], dtype), offset, compute)
     elif a.fn is Ternop.WHERE:
         cond = operand(0, a.rhs[0], a.rhs[0].dtype.compute if isinstance(a.rhs[0], TNode) else compute)
         args = [cond] + [operand(j, r, compute) for j, r in enumerate(a.rhs) if j > 0]
-        value = _apply(a.fn, args)
+        value = _apply(a.fn, args, compute)
     else:
-        args = [operand(j, r, compute) for j, r in enumerate(a.rhs)]
-        value = _apply(a.fn, args)
+        args = [operand(j, r, t) for (j, r), t in zip(enumerate(a.rhs), operand_dtypes(a.fn, compute))]
+        value = _apply(a.fn, args, compute)
 
-    lhs_idx = tuple(_substitute(idx, subst) for idx in proj.project_lhs)
+    # An affine result index may leave the result (a padded convolution's gradient writes into
+    # margins that have no cells): those iterations store nothing.
+    skip_oob = any(isinstance(orig, Affine) and not _within(idx, d, extents)
+                   for orig, idx, d in zip(proj.project_lhs, lhs_idx, a.lhs.dims))
     neutral = _const(neutral_element(a.accum, a.lhs.dtype), compute)
     if a.accum is not None:
         if not (a.initialize_neutral and proj.is_injective()):
-            value = Binary(a.accum, Load(a.lhs, lhs_idx), value)
+            value = Binary(a.accum, Load(a.lhs, lhs_idx, 0 if skip_oob else None), value)
         elif a.accum in (Binop.SUB, Binop.DIV):
             value = Binary(a.accum, neutral, value)  # each cell is written once, from the neutral
-    nest: Stmt = Store(a.lhs, lhs_idx, value)
+    nest: Stmt = Store(a.lhs, lhs_idx, value, skip_oob)
 
     if not (a.initialize_neutral and not (proj.is_surjective() and proj.is_injective())):
         return _wrap(loops, nest)
@@ -285,10 +291,13 @@ def _within(idx: AxisIndex, dim: int, extents: dict[Symbol, int]) -> bool:
     return bounds is not None and 0 <= bounds[0] and bounds[1] < dim
 
 
-def _apply(fn: Unop | Binop | Ternop, args: list[Expr]) -> Expr:
+def _apply(fn: Unop | Binop | Ternop, args: list[Expr], dtype: DType) -> Expr:
+    """``fn(args...)`` yielding a ``dtype`` value (only ``uniform1`` needs to be told)."""
     match fn:
         case Unop.ID:
             return args[0]
+        case Unop.UNIFORM1:
+            return Unary(fn, args[0], to=dtype)
         case Unop():
             return Unary(fn, args[0])
         case Binop():
@@ -297,13 +306,45 @@ def _apply(fn: Unop | Binop | Ternop, args: list[Expr]) -> Expr:
             return Ternary(fn, args[0], args[1], args[2])
 
 
-def _apply_tree(fn: Apply | Arg | float | int, args: list[Expr], dtype: DType) -> Expr:
-    """An :class:`Apply` expression with its operands substituted; computed in ``dtype``."""
+def _apply_tree(
+    fn: Apply | Arg | CellOffset | float | int | tuple,
+    operand: Callable[[int, DType], Expr],
+    offset: AxisIndex,
+    dtype: DType,
+) -> Expr:
+    """An :class:`Apply` expression yielding a ``dtype`` value, with ``operand(j, type)`` reading
+    operand ``j`` and ``offset`` the written cell's offset. Operators compute in their result's
+    type, except the PRNG operators, whose operand types are fixed (``operand_dtypes``)."""
     if isinstance(fn, Arg):
-        return args[fn.index]
+        return operand(fn.index, dtype)
+    if isinstance(fn, CellOffset):
+        return _embed(offset, dtype)
     if not isinstance(fn, Apply):
         return _const(fn, dtype)
-    return _apply(fn.op, [_apply_tree(x, args, dtype) for x in fn.args])
+    types = operand_dtypes(fn.op, dtype)
+    return _apply(fn.op, [_apply_tree(x, operand, offset, t) for x, t in zip(fn.args, types)], dtype)
+
+
+def _row_major_offset(idx: tuple[AxisIndex, ...], dims: tuple[int, ...]) -> AxisIndex:
+    """The row-major offset of the cell ``idx`` of a buffer of ``dims``, as one index."""
+    coefficients: dict = {}
+    base = 0
+    for i, stride in zip(idx, _row_major_strides(dims)):
+        match i:
+            case Fixed(index=k):
+                base += stride * k
+            case Iter(symbol=s):
+                coefficients[s] = coefficients.get(s, 0) + stride
+            case Affine(terms=terms, offset=k):
+                base += stride * k
+                for c, s in terms:
+                    coefficients[s] = coefficients.get(s, 0) + stride * c
+    terms = tuple((c, s) for s, c in coefficients.items() if c)
+    if not terms:
+        return Fixed(base)
+    if len(terms) == 1 and terms[0][0] == 1 and base == 0:
+        return Iter(terms[0][1])
+    return Affine(terms, base)
 
 
 def _in_nest_reset_depth(
@@ -383,8 +424,19 @@ def _convert(e: Expr, dtype: DType) -> Expr:
     return e if e.dtype is dtype else Cast(e, dtype)
 
 
-def _const(value: float | int, dtype: DType) -> Const:
-    """A constant of a compute type; integer types take the value as ``dtypes.round_to`` does."""
+def _const(value: float | int | tuple, dtype: DType) -> Const:
+    """A constant of a compute type; integer types take the value as ``dtypes.round_to`` does, a
+    uint4x32 is a tuple of four lanes, each taken modulo 2**32 (an int ``v`` is ``(v, 0, 0, 0)``,
+    as ``uint4x32_of``: the neutral element 0 is all lanes zero)."""
+    if dtype is dtypes.uint4x32 and isinstance(value, int) and not isinstance(value, bool):
+        value = (value, 0, 0, 0)
+    if (dtype is dtypes.uint4x32) != isinstance(value, tuple):
+        raise DTypeError(f"a {dtype.name} operand cannot be the constant {value!r}: a uint4x32 constant "
+                         f"is an int or a tuple of four ints, and only uint4x32 operands take one")
+    if dtype is dtypes.uint4x32:
+        if len(value) != 4:
+            raise DTypeError(f"a uint4x32 constant has four lanes, got {value!r}")
+        return Const(tuple(int(v) & 0xFFFFFFFF for v in value), dtype)
     if dtype.is_float:
         return Const(float(value), dtype)
     return Const(int(dtypes.round_to(dtype, value)), dtype)

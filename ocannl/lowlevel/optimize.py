@@ -1,17 +1,1154 @@
-"""Backend-independent optimization of the loop IR (spec/backend.md §5).
+"""Backend-independent optimization of the loop IR (spec/backend.md §5, simplified).
 
-:func:`optimize` is the single entry point between lowering and the backends; ``Context.compile``
-prints its input as ``<routine>-unoptimized.ll`` and its output as ``<routine>.ll``. It runs no
-pass yet, so both files are equal: tracing, virtualization/inlining, simplification, CSE and FMA
-introduction arrive with the C-backend work, each checked by running the interpreter on the
-routine before and after it.
+:func:`optimize` sits between lowering and the backends; ``Context.compile`` prints its input as
+``<routine>-unoptimized.ll`` and its output as ``<routine>.ll``. It composes passes that can each
+be run and tested alone:
+
+1. :func:`trace` — per node, which top-level statements write it and with which index patterns,
+   where it is read, and whether some read may see a value from before the routine (then the node
+   is a routine *input* and must persist).
+2. :func:`virtualize` — a node that the runtime does not need to keep (not in ``keep``), written
+   by one loop nest whose store indices are a bijection of its loop indices (a pointwise nest, or
+   a reduction nest with its reset) and read only after it, gets no buffer: each read
+   ``n[J]`` becomes a local scope computing the value of that cell (spec/backend.md §4.3, §5.3).
+3. :func:`simplify` — local scopes of one assignment collapse to their value; constants fold
+   where IEEE arithmetic rounds exactly once (never libm functions); identities that hold bit for
+   bit (``x * 1``, ``x / 1``, ``x - 0``, ``x + -0``, never ``x + 0`` nor ``x * 0``); affine
+   indices normalize.
+4. :func:`eliminate_common_subexpressions` — an expression evaluated twice in a sequence of
+   statements, with no store in between to what it reads, is computed once into a local.
+5. :func:`form_fma` — ``a * b + c`` becomes ``fma(a, b, c)``, which rounds once instead of
+   twice and so changes results: only under the fast setting (``OCANNL_FAST_MATH=1``, or
+   ``fast_math=1`` in the config file; ``config.flag("fast_math")``). Every backend, the
+   interpreter included, runs the optimized IR, so backends still agree with each other.
+
+Without the fast setting every pass keeps the interpreter's results bit for bit
+(shared/DESIGN.md §3: one rounding per operation, no contraction).
+
+**What persists (the keep/virtual contract).** Only the runtime knows which nodes must outlive a
+routine, so :func:`optimize` takes ``keep``: nodes that must stay materialized. The default
+(:func:`materialized_nodes`) keeps every node whose ``memory_mode`` is not
+``MemoryMode.VIRTUAL``: an undecided node (``None``) is kept, so nothing is virtualized unless
+someone asked for it. The frontend marks the intermediate results the user never reads with
+:func:`~ocannl.lowlevel.tnode.mark_virtual` (a request: a node the optimizer cannot inline keeps
+its buffer); ``mark_materialized`` undoes it. ``Context`` also keeps every node that a routine
+it compiled earlier reads as an input. A node marked virtual is still kept where it is an output
+(written, never read in the routine), so ``t.numpy()`` on it compiles a routine that stores it.
+After a routine that inlined a node runs, ``ctx.get`` of that node raises an error that says so.
 """
 
 from __future__ import annotations
 
-from ocannl.lowlevel.ir import RoutineIR
+import math
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from typing import Any, Callable, Collection, Iterable, Iterator
+
+import numpy as np
+
+from ocannl import config
+from ocannl.lowlevel import dtypes
+from ocannl.lowlevel.dtypes import DType
+from ocannl.lowlevel.indexing import Affine, AnySymbol, AxisIndex, Fixed, IndexSymbol, Iter, Symbol
+from ocannl.lowlevel.ir import (
+    Binary,
+    Cast,
+    Comment,
+    Const,
+    DeclareLocal,
+    EmbedIndex,
+    Expr,
+    Fill,
+    For,
+    GetLocal,
+    Load,
+    LoadDynamic,
+    Local,
+    LocalScope,
+    RoutineIR,
+    Seq,
+    SetLocal,
+    Stmt,
+    Store,
+    StoreDynamic,
+    Ternary,
+    Unary,
+    iter_exprs,
+    iter_stmts,
+    seq,
+    stmt_exprs,
+)
+from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
+from ocannl.lowlevel.tnode import MemoryMode, TNode
 
 
-def optimize(routine: RoutineIR) -> RoutineIR:
-    """The optimized form of ``routine``; for now the routine itself."""
+def optimize(
+    routine: RoutineIR, keep: Collection[TNode] | None = None, *, fast_math: bool | None = None
+) -> RoutineIR:
+    """The optimized form of ``routine``: :func:`virtualize` (nodes outside ``keep``; ``None``:
+    :func:`materialized_nodes`), :func:`simplify`, :func:`eliminate_common_subexpressions`, and
+    under the fast setting (``fast_math``, else ``config.flag("fast_math")``) :func:`form_fma`."""
+    keep = materialized_nodes(routine) if keep is None else keep
+    routine = virtualize(routine, keep)
+    routine = simplify(routine)
+    routine = eliminate_common_subexpressions(routine)
+    if config.flag("fast_math", fast_math):
+        routine = form_fma(routine)
     return routine
+
+
+def materialized_nodes(routine: RoutineIR) -> set[TNode]:
+    """The nodes of ``routine`` that must keep a buffer by default: all but those marked
+    ``MemoryMode.VIRTUAL``."""
+    return {n for n in routine.reads + routine.writes if n.memory_mode is not MemoryMode.VIRTUAL}
+
+
+def inlined_nodes(unoptimized: RoutineIR, optimized: RoutineIR) -> frozenset[TNode]:
+    """The nodes the optimizer virtualized: accessed by ``unoptimized``, not by ``optimized``."""
+    return frozenset(unoptimized.reads + unoptimized.writes) - set(optimized.reads + optimized.writes)
+
+
+def routine_inputs(routine: RoutineIR) -> frozenset[TNode]:
+    """The nodes whose value before the routine runs may be read by it (see :func:`trace`)."""
+    return frozenset(trace(routine).inputs)
+
+
+# =============================================================================================
+# 1. Tracing
+
+
+@dataclass(frozen=True)
+class Access:
+    """One read or write of a node: the top-level statement it occurs in (``position``), its
+    indices (``None``: every cell, a :class:`~ocannl.lowlevel.ir.Fill`), the loops around it
+    inside that statement (outermost first, loops of local scopes included), and whether an axis
+    is data-dependent (``dynamic``) or the read may fall outside the buffer (``padded``)."""
+
+    position: int
+    indices: tuple[AxisIndex, ...] | None
+    loops: tuple[Symbol, ...]
+    dynamic: bool = False
+    padded: bool = False
+
+
+@dataclass
+class NodeTrace:
+    """Everything a routine does to one node, in program order."""
+
+    node: TNode
+    reads: list[Access] = field(default_factory=list)
+    writes: list[Access] = field(default_factory=list)
+    read_before_write: bool = False
+    """Some read may see the value the node had before the routine: the node is an input."""
+
+    @property
+    def writer_positions(self) -> tuple[int, ...]:
+        return tuple(sorted({w.position for w in self.writes}))
+
+    @property
+    def store_patterns(self) -> tuple[tuple[AxisIndex, ...], ...]:
+        """The distinct index tuples the node is stored at (fills excluded)."""
+        patterns: dict[tuple[AxisIndex, ...], None] = {}
+        for w in self.writes:
+            if w.indices is not None:
+                patterns.setdefault(w.indices, None)
+        return tuple(patterns)
+
+
+@dataclass
+class Trace:
+    """The result of :func:`trace`: the top-level statements and each node's accesses."""
+
+    statements: tuple[Stmt, ...]
+    nodes: dict[TNode, NodeTrace]
+    extents: dict[Symbol, int]
+
+    @property
+    def inputs(self) -> tuple[TNode, ...]:
+        """Nodes the routine may read before writing them: they must persist across runs."""
+        return tuple(n for n, t in self.nodes.items() if t.read_before_write)
+
+    @property
+    def outputs(self) -> tuple[TNode, ...]:
+        return tuple(n for n, t in self.nodes.items() if t.writes)
+
+
+def top_level(body: Stmt) -> tuple[Stmt, ...]:
+    return body.stmts if isinstance(body, Seq) else (body,)
+
+
+def trace(routine: RoutineIR) -> Trace:
+    """Trace the accesses of every node of ``routine`` (spec/backend.md §5.1, simplified to
+    index patterns instead of concrete positions).
+
+    A node is read before written unless its first access in program order is a write that
+    covers every cell (a fill, or a store whose indices are distinct loop indices spanning the
+    dims, or 0 on size-1 axes) and any later read in that same top-level statement is at the
+    store's own indices (the accumulation of a reduction nest)."""
+    return trace_statements(top_level(routine.body))
+
+
+def trace_statements(statements: Iterable[Stmt]) -> Trace:
+    tracer = _Tracer()
+    statements = tuple(statements)
+    for position, s in enumerate(statements):
+        tracer.stmt(s, position, ())
+    for node, events in tracer.events.items():
+        tracer.nodes[node].read_before_write = _read_before_write(node, events, tracer.extents)
+    return Trace(statements, tracer.nodes, tracer.extents)
+
+
+class _Tracer:
+    def __init__(self) -> None:
+        self.nodes: dict[TNode, NodeTrace] = {}
+        self.events: dict[TNode, list[tuple[bool, Access]]] = {}
+        self.extents: dict[Symbol, int] = {}
+
+    def _record(self, node: TNode, is_write: bool, access: Access) -> None:
+        t = self.nodes.setdefault(node, NodeTrace(node))
+        (t.writes if is_write else t.reads).append(access)
+        self.events.setdefault(node, []).append((is_write, access))
+
+    def stmt(self, s: Stmt, position: int, loops: tuple[Symbol, ...]) -> None:
+        match s:
+            case For(symbol=symbol, extent=extent, body=body):
+                self.extents[symbol] = extent
+                self.stmt(body, position, loops + (symbol,))
+            case Seq(stmts=stmts):
+                for x in stmts:
+                    self.stmt(x, position, loops)
+            case Store(tnode=node, indices=indices, value=value):
+                self.expr(value, position, loops)
+                self._record(node, True, Access(position, indices, loops))
+            case StoreDynamic(tnode=node, position=p, indices=indices, value=value):
+                self.expr(p, position, loops)
+                self.expr(value, position, loops)
+                self._record(node, True, Access(position, indices, loops, dynamic=True))
+            case Fill(tnode=node):
+                self._record(node, True, Access(position, None, loops))
+            case SetLocal(value=value):
+                self.expr(value, position, loops)
+
+    def expr(self, e: Expr, position: int, loops: tuple[Symbol, ...]) -> None:
+        match e:
+            case Load(tnode=node, indices=indices, oob_value=oob):
+                self._record(node, False, Access(position, indices, loops, padded=oob is not None))
+            case LoadDynamic(tnode=node, position=p, indices=indices):
+                self.expr(p, position, loops)
+                self._record(node, False, Access(position, indices, loops, dynamic=True))
+            case LocalScope(body=body):
+                self.stmt(body, position, loops)
+            case _:
+                for child in _child_exprs(e):
+                    self.expr(child, position, loops)
+
+
+def _covers(node: TNode, access: Access, extents: dict[Symbol, int]) -> bool:
+    """Whether a write reaches every cell of ``node`` (loops around it that do not index it
+    must run at least once)."""
+    if access.indices is None:
+        return True
+    if access.dynamic:
+        return False
+    used: list[Symbol] = []
+    for idx, d in zip(access.indices, node.dims):
+        if isinstance(idx, Fixed) and idx.index == 0 and d == 1:
+            continue
+        if not (isinstance(idx, Iter) and isinstance(idx.symbol, Symbol)):
+            return False
+        s = idx.symbol
+        if s not in access.loops or s in used or extents.get(s) != d:
+            return False
+        used.append(s)
+    return all(extents.get(s, 0) >= 1 for s in access.loops if s not in used)
+
+
+def _read_before_write(node: TNode, events: list[tuple[bool, Access]], extents: dict[Symbol, int]) -> bool:
+    defined: Access | None = None
+    for is_write, access in events:
+        if is_write:
+            if defined is None and _covers(node, access, extents):
+                defined = access
+            continue
+        if defined is None:
+            return True
+        same_statement = defined.indices is not None and access.position == defined.position
+        if same_statement and (access.indices != defined.indices or access.dynamic or access.padded):
+            return True
+    return False
+
+
+# =============================================================================================
+# Rewriting helpers
+
+
+def _child_exprs(e: Expr) -> tuple[Expr, ...]:
+    """The direct sub-expressions of ``e``, in evaluation order (not a local scope's body)."""
+    match e:
+        case Unary(x=x) | Cast(x=x):
+            return (x,)
+        case Binary(a=a, b=b):
+            return (a, b)
+        case Ternary(a=a, b=b, c=c):
+            return (a, b, c)
+        case LoadDynamic(position=p):
+            return (p,)
+        case Const() | Load() | EmbedIndex() | GetLocal() | LocalScope():
+            return ()
+    raise TypeError(f"the optimizer does not know the expression {e!r}")
+
+
+def _rebuilt(obj: Any, **changes: Any) -> Any:
+    """``obj`` with fields changed, or ``obj`` itself when every new value is the old one."""
+    if all(getattr(obj, k) is v for k, v in changes.items()):
+        return obj
+    return replace(obj, **changes)
+
+
+def _seq(stmts: Iterable[Stmt]) -> Stmt:
+    """A sequence of ``stmts`` with nested and empty sequences flattened away."""
+    return seq(*stmts)
+
+
+class _Rewriter:
+    """Rebuilds statements and expressions bottom-up, sharing what does not change. Subclasses
+    override :meth:`stmt`, :meth:`expr` or :meth:`index` and call the ``rebuild_*`` methods to
+    recurse."""
+
+    def stmt(self, s: Stmt) -> Stmt:
+        return self.rebuild_stmt(s)
+
+    def expr(self, e: Expr) -> Expr:
+        return self.rebuild_expr(e)
+
+    def index(self, i: AxisIndex) -> AxisIndex:
+        return i
+
+    def indices(self, idx: tuple[AxisIndex, ...]) -> tuple[AxisIndex, ...]:
+        new = tuple(self.index(i) for i in idx)
+        return idx if all(a is b for a, b in zip(new, idx)) else new
+
+    def rebuild_stmt(self, s: Stmt) -> Stmt:
+        match s:
+            case For(body=body):
+                return _rebuilt(s, body=self.stmt(body))
+            case Seq(stmts=stmts):
+                parts = [self.stmt(x) for x in stmts]
+                if all(a is b for a, b in zip(parts, stmts)):
+                    return s
+                return _seq(parts)
+            case Store(indices=indices, value=value):
+                return _rebuilt(s, indices=self.indices(indices), value=self.expr(value))
+            case StoreDynamic(position=p, indices=indices, value=value):
+                return _rebuilt(s, position=self.expr(p), indices=self.indices(indices), value=self.expr(value))
+            case Fill() | Comment() | DeclareLocal():
+                return s
+            case SetLocal(value=value):
+                return _rebuilt(s, value=self.expr(value))
+        raise TypeError(f"the optimizer does not know the statement {s!r}")
+
+    def rebuild_expr(self, e: Expr) -> Expr:
+        match e:
+            case Const() | GetLocal():
+                return e
+            case Load(indices=indices):
+                return _rebuilt(e, indices=self.indices(indices))
+            case LoadDynamic(position=p, indices=indices):
+                return _rebuilt(e, position=self.expr(p), indices=self.indices(indices))
+            case Unary(x=x) | Cast(x=x):
+                return _rebuilt(e, x=self.expr(x))
+            case Binary(a=a, b=b):
+                return _rebuilt(e, a=self.expr(a), b=self.expr(b))
+            case Ternary(a=a, b=b, c=c):
+                return _rebuilt(e, a=self.expr(a), b=self.expr(b), c=self.expr(c))
+            case EmbedIndex(index=index):
+                return _rebuilt(e, index=self.index(index))
+            case LocalScope(body=body):
+                return _rebuilt(e, body=self.stmt(body))
+        raise TypeError(f"the optimizer does not know the expression {e!r}")
+
+
+def _with_body(routine: RoutineIR, body: Stmt) -> RoutineIR:
+    return routine if body is routine.body else replace(routine, body=body)
+
+
+def normalize_index(idx: AxisIndex) -> AxisIndex:
+    """``idx`` in its simplest form: an affine index with the terms of one symbol merged and its
+    zero terms dropped, then a single unit term without offset an :class:`Iter` and no term a
+    :class:`Fixed`."""
+    if not isinstance(idx, Affine):
+        return idx
+    coefficients: dict[AnySymbol, int] = {}
+    for c, s in idx.terms:
+        coefficients[s] = coefficients.get(s, 0) + c
+    new = _affine(coefficients, idx.offset)
+    return idx if new == idx else new
+
+
+def _affine(coefficients: dict[AnySymbol, int], offset: int) -> AxisIndex:
+    terms = tuple((c, s) for s, c in coefficients.items() if c)
+    if not terms:
+        return Fixed(offset)
+    if len(terms) == 1 and terms[0][0] == 1 and offset == 0:
+        return Iter(terms[0][1])
+    return Affine(terms, offset)
+
+
+def substitute_index(idx: AxisIndex, env: dict[AnySymbol, AxisIndex]) -> AxisIndex:
+    """``idx`` with each symbol ``s`` in ``env`` replaced by the index ``env[s]``, normalized."""
+    match idx:
+        case Fixed():
+            return idx
+        case Iter(symbol=s):
+            return env.get(s, idx)
+        case Affine(terms=terms, offset=offset):
+            if not any(s in env for _, s in terms):
+                return normalize_index(idx)
+            coefficients: dict[AnySymbol, int] = {}
+            for c, s in terms:
+                match env.get(s, Iter(s)):
+                    case Fixed(index=k):
+                        offset += c * k
+                    case Iter(symbol=t):
+                        coefficients[t] = coefficients.get(t, 0) + c
+                    case Affine(terms=sub_terms, offset=k):
+                        offset += c * k
+                        for d, t in sub_terms:
+                            coefficients[t] = coefficients.get(t, 0) + c * d
+            return _affine(coefficients, offset)
+    raise TypeError(f"not an axis index: {idx!r}")
+
+
+def _loads(stmt: Stmt) -> set[TNode]:
+    """The nodes ``stmt`` reads, inside local scopes too."""
+    return {
+        e.tnode
+        for s in iter_stmts(stmt)
+        for x in stmt_exprs(s)
+        for e in iter_exprs(x)
+        if isinstance(e, (Load, LoadDynamic))
+    }
+
+
+def _stores(stmt: Stmt) -> set[TNode]:
+    """The nodes ``stmt`` writes."""
+    return {s.tnode for s in iter_stmts(stmt) if isinstance(s, (Store, StoreDynamic, Fill))}
+
+
+def _locals_set(stmt: Stmt) -> set[Local]:
+    """The locals ``stmt`` declares or assigns (scope locals included)."""
+    out = {s.local for s in iter_stmts(stmt) if isinstance(s, (SetLocal, DeclareLocal))}
+    for s in iter_stmts(stmt):
+        for x in stmt_exprs(s):
+            out.update(e.local for e in iter_exprs(x) if isinstance(e, LocalScope))
+    return out
+
+
+def _expr_loads(e: Expr) -> set[TNode]:
+    return _loads(SetLocal(Local(e.dtype), e))
+
+
+def _expr_free_locals(e: Expr) -> set[Local]:
+    """The locals ``e`` reads that it does not bind itself (in a local scope or declaration)."""
+    probe = SetLocal(Local(e.dtype), e)
+    read = {x.local for s in iter_stmts(probe) for y in stmt_exprs(s) for x in iter_exprs(y) if isinstance(x, GetLocal)}
+    return read - _locals_set(probe)
+
+
+# =============================================================================================
+# 2. Virtualization and inlining
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How to inline ``node``: its producer statements, the store indices, and which axis each
+    loop bound by the store indices stands for."""
+
+    node: TNode
+    producers: tuple[int, ...]
+    pattern: tuple[AxisIndex, ...] | None
+    bound: dict[Symbol, int]
+
+
+def virtualize(routine: RoutineIR, keep: Collection[TNode]) -> RoutineIR:
+    """Inline every node outside ``keep`` that can be (spec/backend.md §5.2–5.4, simplified).
+
+    A node ``n`` is inlined when all of these hold (:func:`virtualization_obstacle` names the
+    first that fails):
+
+    * its type is a compute type other than uint4x32 (a local holds the value; float16 and
+      bfloat16 nodes round on store, which a local would skip);
+    * it is not read before written (:func:`trace`), and is read after its producer;
+    * the top-level statements that write it (its producer: a loop nest, possibly preceded by a
+      fill) write nothing else, store at one index tuple ``I``, and ``I`` is a bijection of loop
+      indices onto the cells (each axis a distinct loop index spanning its dim, or 0 on a size-1
+      axis); the producer reads ``n`` only at ``I``;
+    * every other read ``n[J]`` comes after the producer, with plain indices (no data-dependent
+      axis, no padding);
+    * no statement between a producer statement and a read writes what that statement reads;
+    * inlining computes no cell twice: unless the producer is cheap (no loop of its own; it
+      stores constants and index values, or copies one load), one statement reads the node, at
+      one index tuple (CSE merges the repeated reads), reaching each cell once (every loop around
+      the read indexes its own axis). So an intermediate read by the forward and the backward
+      code stays materialized, as the original's visit count decides (spec/backend.md §5.1).
+
+    Each read ``n[J]`` becomes a local scope running the producer with the bound loops replaced
+    by ``J`` (their loops disappear), other loops renamed, ``n[I] := v`` turned into
+    ``local := v`` and reads of ``n[I]`` into the local: the same operations in the same order,
+    so the same bits. The producer statements are removed.
+    """
+    statements = list(top_level(routine.body))
+    rejected: set[TNode] = set()
+    changed = False
+    while True:
+        t = trace_statements(statements)
+        plan = None
+        for node in sorted(t.nodes, key=lambda n: t.nodes[n].writer_positions[:1] or (len(statements),)):
+            if node in rejected:
+                continue
+            found = _plan(t, node, keep)
+            if isinstance(found, _Plan):
+                plan = found
+                break
+            rejected.add(node)
+        if plan is None:
+            break
+        statements = _inline(statements, plan)
+        changed = True
+    return _with_body(routine, _seq(statements)) if changed else routine
+
+
+def virtualization_obstacle(routine: RoutineIR, node: TNode, keep: Collection[TNode] = ()) -> str | None:
+    """Why ``node`` cannot be inlined in ``routine`` as it is, or ``None`` if it can."""
+    found = _plan(trace(routine), node, keep)
+    return None if isinstance(found, _Plan) else found
+
+
+def _plan(t: Trace, node: TNode, keep: Collection[TNode]) -> _Plan | str:
+    nt = t.nodes.get(node)
+    if node in keep:
+        return "it must stay materialized (kept)"
+    if not node.dtype.is_compute_type or node.dtype is dtypes.uint4x32:
+        return f"its type {node.dtype.name} is rounded on store or is not a scalar"
+    if nt is None or not nt.writes:
+        return "the routine does not write it"
+    if nt.read_before_write:
+        return "the routine may read it before writing it (an input)"
+    if any(w.dynamic for w in nt.writes):
+        return "it is written through a data-dependent index"
+    producers = nt.writer_positions
+    for p in producers:
+        if _stores(t.statements[p]) != {node}:
+            return "a statement writing it writes other nodes too"
+    patterns = nt.store_patterns
+    if len(patterns) > 1:
+        return "it is stored at several index patterns"
+    pattern = patterns[0] if patterns else None
+    bound: dict[Symbol, int] = {}
+    for axis, (idx, d) in enumerate(zip(pattern or (), node.dims)):
+        if isinstance(idx, Fixed) and idx.index == 0 and d == 1:
+            continue
+        if not (isinstance(idx, Iter) and isinstance(idx.symbol, Symbol)) or idx.symbol in bound:
+            return "its store indices are not a bijection of loop indices"
+        bound[idx.symbol] = axis
+    producer_loops = [s for p in producers for s in iter_stmts(t.statements[p]) if isinstance(s, For)]
+    for loop_ in producer_loops:
+        if loop_.symbol in bound and loop_.extent != node.dims[bound[loop_.symbol]]:
+            return "its producer does not write every cell"
+    last = producers[-1]
+    uses = []
+    for r in nt.reads:
+        if r.position in producers:
+            if r.indices != pattern or r.dynamic or r.padded:
+                return "its producer reads it at other indices"
+        elif r.position < last:
+            return "it is read between the statements that write it"
+        elif r.dynamic or r.padded:
+            return "it is read through a data-dependent or padded index"
+        else:
+            uses.append(r)
+    if not uses:
+        return "it is not read after it is written (an output)"
+    for p in producers:
+        sources = _loads(t.statements[p]) - {node}
+        for q in range(p + 1, max(r.position for r in uses) + 1):
+            if q not in producers and _stores(t.statements[q]) & sources:
+                return "what it is computed from is overwritten before it is read"
+    if not _cheap(node, [t.statements[p] for p in producers]):
+        if len({r.position for r in uses}) > 1:
+            return "several statements read it (each would compute it again)"
+        if len({r.indices for r in uses}) > 1:
+            return "it is read at several indices (each would compute it again)"
+        if not all(_injective(r.indices or (), r.loops) for r in uses):
+            return "a read reaches a cell more than once (a broadcast would compute it again)"
+    return _Plan(node, producers, pattern, bound)
+
+
+def _cheap(node: TNode, producers: list[Stmt]) -> bool:
+    """Whether recomputing ``node`` costs no more than reading it: its producer has no loop of
+    its own (nor its local scopes) and stores constants and index values, or copies one load."""
+    for stmt in producers:
+        for s in iter_stmts(stmt):
+            if isinstance(s, For) and s.symbol not in _bare_loop_symbols(stmt, node):
+                return False
+            if isinstance(s, Store):
+                value = s.value
+                while isinstance(value, Cast):
+                    value = value.x
+                if isinstance(value, (Load, Const, EmbedIndex)):
+                    continue
+                probe = SetLocal(Local(value.dtype), value)
+                if any(isinstance(e, (Load, LoadDynamic, LocalScope)) for x in stmt_exprs(probe) for e in iter_exprs(x)):
+                    return False
+    return True
+
+
+def _bare_loop_symbols(stmt: Stmt, node: TNode) -> set[AnySymbol]:
+    """The loop symbols that index the stores of ``node`` in ``stmt``."""
+    return {
+        i.symbol
+        for s in iter_stmts(stmt)
+        if isinstance(s, Store) and s.tnode is node
+        for i in s.indices
+        if isinstance(i, Iter)
+    }
+
+
+def _injective(indices: tuple[AxisIndex, ...], loops: tuple[Symbol, ...]) -> bool:
+    """Whether a read at ``indices`` inside ``loops`` reaches each cell at most once: every loop
+    indexes its own axis directly, and no axis mixes loop indices."""
+    used: set[AnySymbol] = set()
+    for idx in indices:
+        if isinstance(idx, Iter) and isinstance(idx.symbol, Symbol):
+            if idx.symbol in used:
+                return False
+            used.add(idx.symbol)
+        elif isinstance(idx, Affine) and any(isinstance(s, Symbol) for _, s in idx.terms):
+            return False
+    return set(loops) <= used
+
+
+def _index_symbols(idx: AxisIndex) -> tuple[AnySymbol, ...]:
+    if isinstance(idx, Iter):
+        return (idx.symbol,)
+    if isinstance(idx, Affine):
+        return tuple(s for c, s in idx.terms if c)
+    return ()
+
+
+def _inline(statements: list[Stmt], plan: _Plan) -> list[Stmt]:
+    producers = [statements[p] for p in plan.producers]
+    last = plan.producers[-1]
+    out: list[Stmt] = []
+    for position, s in enumerate(statements):
+        if position in plan.producers:
+            continue
+        out.append(_InlineReads(plan, producers).stmt(s) if position > last else s)
+    return out
+
+
+class _InlineReads(_Rewriter):
+    """Replaces every read of the plan's node by a local scope computing that cell."""
+
+    def __init__(self, plan: _Plan, producers: list[Stmt]):
+        self.plan, self.producers = plan, producers
+
+    def expr(self, e: Expr) -> Expr:
+        if isinstance(e, Load) and e.tnode is self.plan.node:
+            return self.instantiate(e.indices)
+        return self.rebuild_expr(e)
+
+    def instantiate(self, call: tuple[AxisIndex, ...]) -> LocalScope:
+        local = Local(self.plan.node.dtype)
+        env: dict[AnySymbol, AxisIndex] = {s: call[axis] for s, axis in self.plan.bound.items()}
+        copy = _CopyProducer(self.plan, local, env)
+        return LocalScope(local, _seq(copy.stmt(p) for p in self.producers))
+
+
+class _CopyProducer(_Rewriter):
+    """A producer rewritten for one read: bound loops dropped (their index substituted), other
+    loops and inner locals renamed, stores of the node assigning the local."""
+
+    def __init__(self, plan: _Plan, local: Local, env: dict[AnySymbol, AxisIndex]):
+        self.plan, self.local, self.env = plan, local, env
+        self.locals: dict[Local, Local] = {}
+
+    def _local(self, old: Local) -> Local:
+        return self.locals.setdefault(old, Local(old.dtype))
+
+    def index(self, i: AxisIndex) -> AxisIndex:
+        return substitute_index(i, self.env)
+
+    def stmt(self, s: Stmt) -> Stmt:
+        node = self.plan.node
+        match s:
+            case For(symbol=symbol, body=body) if symbol in self.plan.bound:
+                return self.stmt(body)
+            case For(symbol=symbol, body=body):
+                fresh = Symbol()
+                self.env[symbol] = Iter(fresh)
+                return replace(s, symbol=fresh, body=self.stmt(body))
+            case Store(tnode=t, value=value) if t is node:
+                return SetLocal(self.local, self.expr(value))
+            case Fill(tnode=t, value=value) if t is node:
+                return SetLocal(self.local, value)
+            case Comment():
+                return Seq(())
+            case DeclareLocal(local=old):
+                return DeclareLocal(self._local(old))
+            case SetLocal(local=old, value=value):
+                return SetLocal(self._local(old), self.expr(value))
+        return self.rebuild_stmt(s)
+
+    def expr(self, e: Expr) -> Expr:
+        match e:
+            case Load(tnode=t, indices=indices) if t is self.plan.node:
+                assert indices == self.plan.pattern
+                return GetLocal(self.local)
+            case GetLocal(local=old):
+                return GetLocal(self.locals.get(old, old))
+            case LocalScope(local=old, body=body):
+                return LocalScope(self._local(old), self.stmt(body))
+        return self.rebuild_expr(e)
+
+
+# =============================================================================================
+# 3. Simplification
+
+
+def simplify(routine: RoutineIR) -> RoutineIR:
+    """Simplify every statement of ``routine`` (spec/backend.md §5.5, restricted to rewrites
+    that keep the interpreter's bits):
+
+    * a local scope whose body is ``v := e`` is ``e``; ``v := e1; v := e2`` is ``e2`` with ``e1``
+      for ``v`` when ``e1`` is a constant or ``v`` occurs once in ``e2``, outside conditional
+      branches;
+    * constants fold for operations IEEE rounds exactly once (add, sub, mul, div, sqrt, recip,
+      comparisons, min/max, relu, conversions...), computed with numpy scalars of the
+      expression's type as the interpreter does; never libm functions (exp, sin, pow...) whose
+      last bit may differ between backends, nor when a NaN is involved or an integer divides by
+      zero (that raises at run time);
+    * ``x * 1``, ``1 * x``, ``x / 1``, ``x - 0.0``, ``x + -0.0``, ``-0.0 + x`` and integer
+      ``x + 0``, ``x - 0`` become ``x``; ``neg(neg(x))`` is ``x``; a cast to the operand's own
+      type disappears; ``where`` with a constant condition picks its branch. ``x + 0.0`` stays
+      (``-0.0 + 0.0`` is ``+0.0``), as does ``x * 0`` (NaN and infinities);
+    * affine indices normalize (:func:`normalize_index`); a loop with an empty body goes.
+    """
+    return _with_body(routine, _Simplifier().stmt(routine.body))
+
+
+class _Simplifier(_Rewriter):
+    def index(self, i: AxisIndex) -> AxisIndex:
+        return normalize_index(i)
+
+    def stmt(self, s: Stmt) -> Stmt:
+        s = self.rebuild_stmt(s)
+        if isinstance(s, For) and s.body == Seq(()):
+            return Seq(())
+        return s
+
+    def expr(self, e: Expr) -> Expr:
+        return self.rule(self.rebuild_expr(e))
+
+    def rule(self, e: Expr) -> Expr:
+        match e:
+            case LocalScope():
+                return self.collapse_scope(e)
+            case EmbedIndex(index=Fixed(index=k), dtype=t):
+                return Const(int(dtypes.wrap_int(t, k)), t)
+            case Cast(x=x, dtype=t) if x.dtype is t:
+                return x
+            case Unary(op=Unop.ID, x=x, to=None):
+                return x
+            case Unary(op=Unop.NEG, x=Unary(op=Unop.NEG, x=x)):
+                return x
+            case Ternary(op=Ternop.WHERE, a=Const(value=cond), b=then, c=other) if not isinstance(cond, tuple):
+                return then if cond != 0 else other
+        folded = _fold(e)
+        if folded is not None:
+            return folded
+        return _identity(e) or e
+
+    def collapse_scope(self, e: LocalScope) -> Expr:
+        body = [s for s in top_level(e.body) if not isinstance(s, Comment)]
+        local = e.local
+        if len(body) == 1 and isinstance(body[0], SetLocal) and body[0].local is local:
+            value = body[0].value
+            if _local_uses(value, local) == 0:
+                return value
+        if len(body) == 2 and all(isinstance(s, SetLocal) and s.local is local for s in body):
+            first, second = body[0].value, body[1].value
+            if _local_uses(first, local) == 0:
+                uses = _local_uses(second, local)
+                if uses == 0 or isinstance(first, Const) or (uses == 1 and _unconditional_local(second, local)):
+                    return self.expr(_ReplaceLocal(local, first).expr(second))
+        return e
+
+
+def _local_uses(e: Expr, local: Local) -> int:
+    probe = SetLocal(Local(e.dtype), e)
+    return sum(
+        1
+        for s in iter_stmts(probe)
+        for x in stmt_exprs(s)
+        for y in iter_exprs(x)
+        if isinstance(y, GetLocal) and y.local is local
+    )
+
+
+def _unconditional_local(e: Expr, local: Local) -> bool:
+    """Whether ``local`` is read in ``e`` outside conditional branches and local scopes."""
+    return any(isinstance(x, GetLocal) and x.local is local for x in _unconditional(e))
+
+
+class _ReplaceLocal(_Rewriter):
+    def __init__(self, local: Local, value: Expr):
+        self.local, self.value = local, value
+
+    def expr(self, e: Expr) -> Expr:
+        if isinstance(e, GetLocal) and e.local is self.local:
+            return self.value
+        return self.rebuild_expr(e)
+
+
+def _const_scalar(c: Const) -> Any:
+    return c.dtype.scalar(c.value) if c.dtype.is_float else dtypes.wrap_int(c.dtype, int(c.value))
+
+
+def _make_const(value: Any, dtype: DType) -> Const | None:
+    if dtype.is_float:
+        v = float(value)
+        return None if math.isnan(v) else Const(v, dtype)
+    return Const(int(value), dtype)
+
+
+def _is_nan_const(c: Const) -> bool:
+    return isinstance(c.value, float) and math.isnan(c.value)
+
+
+def _fold(e: Expr) -> Const | None:
+    """``e`` computed now, when its operands are constants and the operation rounds exactly
+    once in IEEE arithmetic (the interpreter's numpy scalars compute the same bits)."""
+    match e:
+        case Unary(op=op, x=Const() as x, to=None) if x.dtype is not dtypes.uint4x32 and not _is_nan_const(x):
+            f = _FOLD_UNARY.get(op)
+            if f is None or (op is Unop.SQRT and not x.dtype.is_float):
+                return None
+            with np.errstate(all="ignore"):
+                value = f(_const_scalar(x), x.dtype)
+            return None if value is None else _make_const(value, x.dtype)
+        case Binary(op=op, a=Const() as a, b=Const() as b) if a.dtype is not dtypes.uint4x32:
+            if _is_nan_const(a) or _is_nan_const(b):
+                return None
+            f = _FOLD_BINARY.get(op)
+            if f is None:
+                return None
+            with np.errstate(all="ignore"):
+                value = f(_const_scalar(a), _const_scalar(b), a.dtype)
+            return None if value is None else _make_const(value, a.dtype)
+        case Cast(x=Const() as x, dtype=t) if x.dtype is not dtypes.uint4x32 and not _is_nan_const(x):
+            v = _const_scalar(x)
+            with np.errstate(all="ignore"):
+                if t.is_float:
+                    return _make_const(t.scalar(v), t)
+                if x.dtype.is_float and not math.isfinite(float(v)):
+                    return None  # raises at run time
+                return Const(int(dtypes.wrap_int(t, int(v))), t)
+    return None
+
+
+def _one_zero(dtype: DType) -> tuple[Any, Any]:
+    t = dtype.scalar
+    return t(1), t(0)
+
+
+def _int_result(fn: Callable[[int, int], int | None]) -> Callable[[Any, Any, DType], Any]:
+    def fold(a: Any, b: Any, dtype: DType) -> Any:
+        r = fn(int(a), int(b))
+        return None if r is None else dtypes.wrap_int(dtype, r)
+
+    return fold
+
+
+def _truncated_quotient(a: int, b: int) -> int | None:
+    if b == 0:
+        return None
+    q = abs(a) // abs(b)
+    return -q if (a < 0) != (b < 0) else q
+
+
+def _arith(float_fn: Callable[[Any, Any], Any], int_fn: Callable[[int, int], int | None]) -> Callable[..., Any]:
+    int_fold = _int_result(int_fn)
+    return lambda a, b, t: float_fn(a, b) if t.is_float else int_fold(a, b, t)
+
+
+def _predicate(fn: Callable[[Any, Any], bool]) -> Callable[..., Any]:
+    def fold(a: Any, b: Any, t: DType) -> Any:
+        one, zero = _one_zero(t)
+        return one if fn(a, b) else zero
+
+    return fold
+
+
+def _int_mod(a: int, b: int) -> int | None:
+    q = _truncated_quotient(a, b)
+    return None if q is None else a - b * q
+
+
+_FOLD_BINARY: dict[Binop, Callable[[Any, Any, DType], Any]] = {
+    Binop.ADD: _arith(lambda a, b: a + b, lambda a, b: a + b),
+    Binop.SUB: _arith(lambda a, b: a - b, lambda a, b: a - b),
+    Binop.MUL: _arith(lambda a, b: a * b, lambda a, b: a * b),
+    Binop.DIV: _arith(lambda a, b: a / b, _truncated_quotient),
+    Binop.MOD: _arith(np.fmod, _int_mod),
+    Binop.MAX: lambda a, b, t: a if a > b or b != b else b,
+    Binop.MIN: lambda a, b, t: a if a < b or b != b else b,
+    Binop.LT: _predicate(lambda a, b: a < b),
+    Binop.GT: _predicate(lambda a, b: a > b),
+    Binop.EQ: _predicate(lambda a, b: a == b),
+    Binop.NE: _predicate(lambda a, b: a != b),
+    Binop.AND: _predicate(lambda a, b: a != 0 and b != 0),
+    Binop.OR: _predicate(lambda a, b: a != 0 or b != 0),
+    Binop.RELU_GATE: lambda a, b, t: b if a > 0 else _one_zero(t)[1],
+    Binop.SAT01_GATE: lambda a, b, t: b if 0 < a < 1 else _one_zero(t)[1],
+}
+"""Binary operators folded at compile time: each rounds once (or not at all) in IEEE, written as
+the interpreter computes it (``ocannl/backends/interp``, scalar_ops.py)."""
+
+
+def _relu(x: Any, t: DType) -> Any:
+    zero = _one_zero(t)[1]
+    return x if x > zero else zero
+
+
+def _sat01(x: Any, t: DType) -> Any:
+    one, zero = _one_zero(t)
+    return zero if not x > zero else (x if x < one else one)
+
+
+_FOLD_UNARY: dict[Unop, Callable[[Any, DType], Any]] = {
+    Unop.NEG: lambda x, t: -x if t.is_float else dtypes.wrap_int(t, -int(x)),
+    Unop.ABS: lambda x, t: abs(x) if t.is_float else dtypes.wrap_int(t, abs(int(x))),
+    Unop.RELU: _relu,
+    Unop.SAT01: _sat01,
+    Unop.SQRT: lambda x, t: np.sqrt(x),
+    Unop.RECIP: lambda x, t: _one_zero(t)[0] / x if t.is_float else None,
+    Unop.NOT: lambda x, t: _one_zero(t)[0] if x == 0 else _one_zero(t)[1],
+}
+"""Unary operators folded at compile time (the correctly rounded ones; not exp, log, sin...)."""
+
+
+def _is_const(e: Expr, value: float, *, negative_zero: bool | None = None) -> bool:
+    """Whether ``e`` is the constant ``value``; for a float zero, ``negative_zero`` says which
+    sign it must have."""
+    if not isinstance(e, Const) or isinstance(e.value, tuple) or e.value != value:
+        return False
+    if negative_zero is not None and e.dtype.is_float:
+        return (math.copysign(1.0, float(e.value)) < 0) == negative_zero
+    return True
+
+
+def _identity(e: Expr) -> Expr | None:
+    """``e`` without an operation that IEEE arithmetic makes exact (bit for bit, NaNs and signed
+    zeros included)."""
+    if not isinstance(e, Binary) or e.dtype is dtypes.uint4x32:
+        return None
+    a, b, is_float = e.a, e.b, e.dtype.is_float
+    match e.op:
+        case Binop.MUL:
+            if _is_const(b, 1):
+                return a
+            if _is_const(a, 1):
+                return b
+        case Binop.DIV:
+            if _is_const(b, 1):
+                return a
+        case Binop.SUB:
+            if _is_const(b, 0, negative_zero=False):  # x - (+0) == x, also for x = -0
+                return a
+        case Binop.ADD:
+            zero_sign = True if is_float else None  # only x + (-0) == x for every float x
+            if _is_const(b, 0, negative_zero=zero_sign):
+                return a
+            if _is_const(a, 0, negative_zero=zero_sign):
+                return b
+    return None
+
+
+# =============================================================================================
+# 4. Common subexpressions
+
+
+def eliminate_common_subexpressions(routine: RoutineIR) -> RoutineIR:
+    """Compute once what a sequence of statements computes several times (spec/backend.md §5.7).
+
+    In each sequence of sibling statements (the routine body, a loop body, a local scope's body),
+    an expression evaluated unconditionally (not only inside a ``where`` branch) by the same
+    statement twice, or by several statements with no store in between to a node or local it
+    reads, is computed once before its first user: ``declare t; t := e;`` (a repeated local
+    scope is hoisted as its own local and body), and its occurrences become ``t``. Expressions
+    compare up to the renaming of their local scopes and inner loops. Loads, constants and index
+    values stay as they are, and uint4x32 values are not cached in locals. The largest repeated
+    expression goes first.
+    """
+    return _with_body(routine, _CSE().stmt(routine.body))
+
+
+class _CSE(_Rewriter):
+    def stmt(self, s: Stmt) -> Stmt:
+        if isinstance(s, For):
+            return _rebuilt(s, body=_seq(self.sequence(top_level(s.body))))
+        return _seq(self.sequence(top_level(s)))
+
+    def sequence(self, stmts: Iterable[Stmt]) -> list[Stmt]:
+        """The statements with their nested sequences done first (loop bodies, local scope
+        bodies), then the repeated expressions of this one hoisted, largest first."""
+        done: list[Stmt] = []
+        for s in stmts:
+            done.extend(top_level(self.stmt(s) if isinstance(s, For) else self.rebuild_stmt(s)))
+        while True:
+            hoisted = self.hoist_one(done)
+            if hoisted is None:
+                return done
+            done = hoisted
+
+    def hoist_one(self, stmts: list[Stmt]) -> list[Stmt] | None:
+        occurrences: dict[Any, list[tuple[int, Expr]]] = {}
+        keys = _KeyCache()
+        for position, s in enumerate(stmts):
+            if not isinstance(s, (Store, StoreDynamic, SetLocal)):
+                continue
+            for root in stmt_exprs(s):
+                for sub in _unconditional(root):
+                    if _worth_caching(sub):
+                        occurrences.setdefault(keys.key(sub), []).append((position, sub))
+        candidates = sorted(
+            ((k, occ) for k, occ in occurrences.items() if len(occ) >= 2),
+            key=lambda item: -_size(item[1][0][1]),
+        )
+        for key, occ in candidates:
+            users = sorted({p for p, _ in occ})
+            sub = occ[0][1]
+            if not self.hoistable(stmts, users, sub):
+                continue
+            if isinstance(sub, LocalScope):
+                local, definition = sub.local, [DeclareLocal(sub.local), *top_level(sub.body)]
+            else:
+                local = Local(sub.dtype)
+                definition = [DeclareLocal(local), SetLocal(local, sub)]
+            replacer = _ReplaceByKey(key, GetLocal(local), keys)
+            out = list(stmts[: users[0]]) + definition
+            for position in range(users[0], len(stmts)):
+                s = stmts[position]
+                out.append(replacer.rebuild_stmt(s) if position in users else s)
+            return out
+        return None
+
+    @staticmethod
+    def hoistable(stmts: list[Stmt], users: list[int], sub: Expr) -> bool:
+        reads, locals_read = _expr_loads(sub), _expr_free_locals(sub)
+        for q in range(users[0], users[-1]):
+            s = stmts[q]
+            if _stores(s) & reads or _locals_set(s) & locals_read:
+                return False
+        return True
+
+
+def _unconditional(e: Expr) -> Iterator[Expr]:
+    """``e`` and the sub-expressions evaluated whenever ``e`` is (not a ``where`` branch, not a
+    local scope's body)."""
+    yield e
+    if isinstance(e, Ternary) and e.op is Ternop.WHERE:
+        yield from _unconditional(e.a)
+        return
+    for child in _child_exprs(e):
+        yield from _unconditional(child)
+
+
+def _worth_caching(e: Expr) -> bool:
+    return isinstance(e, (Unary, Binary, Ternary, Cast, LoadDynamic, LocalScope)) and e.dtype is not dtypes.uint4x32
+
+
+def _size(e: Expr) -> int:
+    probe = SetLocal(Local(e.dtype), e)
+    return sum(1 for s in iter_stmts(probe) for x in stmt_exprs(s) for _ in iter_exprs(x)) + sum(
+        1 for _ in iter_stmts(probe)
+    )
+
+
+class _KeyCache:
+    """Alpha-equivalence keys: two expressions have equal keys when they are equal up to a
+    bijective renaming of the locals and loop symbols they bind (spec/backend.md §5.7)."""
+
+    def __init__(self) -> None:
+        self._cache: dict[int, tuple[Expr, Any]] = {}
+
+    def key(self, e: Expr) -> Any:
+        hit = self._cache.get(id(e))
+        if hit is not None and hit[0] is e:
+            return hit[1]
+        k = _Keyer().key(e)
+        self._cache[id(e)] = (e, k)
+        return k
+
+
+class _Keyer:
+    def __init__(self) -> None:
+        self.bound: dict[Any, int] = {}
+
+    def key(self, x: Any) -> Any:
+        match x:
+            case LocalScope(local=local, body=body):
+                self.bound.setdefault(local, len(self.bound))
+                return ("LocalScope", self.key(local), self.key(body))
+            case For(symbol=symbol, extent=extent, body=body, kind=kind):
+                self.bound.setdefault(symbol, len(self.bound))
+                return ("For", self.key(symbol), extent, kind, self.key(body))
+            case DeclareLocal(local=local):
+                self.bound.setdefault(local, len(self.bound))
+                return ("DeclareLocal", self.key(local))
+            case Local() | Symbol():
+                return ("bound", self.bound[x]) if x in self.bound else ("free", x)
+            case float():
+                return ("float", x.hex() if not math.isnan(x) else "nan")
+            case tuple():
+                return tuple(self.key(y) for y in x)
+            case DType() | TNode() | IndexSymbol():
+                return x
+        if is_dataclass(x) and not isinstance(x, type):
+            return (type(x).__name__,) + tuple(self.key(getattr(x, f.name)) for f in fields(x))
+        return x
+
+
+class _ReplaceByKey(_Rewriter):
+    """Replaces the sub-expressions with a given key (not inside local scopes' bodies)."""
+
+    def __init__(self, key: Any, value: Expr, keys: _KeyCache):
+        self.target, self.value, self.keys = key, value, keys
+
+    def expr(self, e: Expr) -> Expr:
+        if _worth_caching(e) and self.keys.key(e) == self.target:
+            return self.value
+        if isinstance(e, LocalScope):
+            return e
+        return self.rebuild_expr(e)
+
+
+# =============================================================================================
+# 5. FMA formation (fast setting only)
+
+
+def form_fma(routine: RoutineIR) -> RoutineIR:
+    """``a * b + c`` and ``c + a * b`` on floats become ``fma(a, b, c)``: one rounding instead of
+    two, so results change. :func:`optimize` runs it only under the fast setting."""
+    return _with_body(routine, _FMA().stmt(routine.body))
+
+
+class _FMA(_Rewriter):
+    def expr(self, e: Expr) -> Expr:
+        e = self.rebuild_expr(e)
+        if isinstance(e, Binary) and e.op is Binop.ADD and e.dtype.is_float:
+            if isinstance(e.a, Binary) and e.a.op is Binop.MUL:
+                return Ternary(Ternop.FMA, e.a.a, e.a.b, e.b)
+            if isinstance(e.b, Binary) and e.b.op is Binop.MUL:
+                return Ternary(Ternop.FMA, e.b.a, e.b.b, e.a)
+        return e

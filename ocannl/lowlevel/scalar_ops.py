@@ -17,6 +17,13 @@ meaning of each one, for float operands of a compute type (dtypes.py):
 
 On integers, ``div`` and ``mod`` truncate toward zero as C does and every result wraps around;
 the transcendental ops and ``pow`` are float-only (:attr:`Unop.float_only`).
+
+The PRNG operators (:data:`PRNG_OPS`) are the only ones on uint4x32 values and have their own
+types: ``threefry4x32 key counter`` (uint4x32, uint4x32 -> uint4x32), ``uniform1 x`` (uint4x32 ->
+float32 or float64, the type the consumer asks for) and ``uint4x32_of x`` (an integer ->
+uint4x32). Their bit-level contract, which every backend reproduces exactly, is the docstring of
+``ocannl/lowlevel/prng.py``.
+
 The interpreter (backends/interp) is the executable form of this table.
 """
 
@@ -46,6 +53,8 @@ class Unop(enum.Enum):
     SIGMOID = "sigmoid"
     ABS = "abs"
     NOT = "not"
+    UNIFORM1 = "uniform1"
+    UINT4X32_OF = "uint4x32_of"
 
     @property
     def arity(self) -> int:
@@ -53,7 +62,8 @@ class Unop(enum.Enum):
 
     @property
     def float_only(self) -> bool:
-        return self not in (Unop.ID, Unop.RELU, Unop.SAT01, Unop.NEG, Unop.ABS, Unop.NOT)
+        exact = (Unop.ID, Unop.RELU, Unop.SAT01, Unop.NEG, Unop.ABS, Unop.NOT)
+        return self not in exact and self not in PRNG_OPS
 
 
 class Binop(enum.Enum):
@@ -73,6 +83,7 @@ class Binop(enum.Enum):
     MOD = "mod"
     AND = "and"
     OR = "or"
+    THREEFRY4X32 = "threefry4x32"
 
     @property
     def arity(self) -> int:
@@ -90,14 +101,14 @@ class Binop(enum.Enum):
     @property
     def infix(self) -> bool:
         """Printed ``(a <symbol> b)`` in ``.ll``; the others print ``name(a, b)``."""
-        return self not in (Binop.MAX, Binop.MIN, Binop.RELU_GATE, Binop.SAT01_GATE)
+        return self not in (Binop.MAX, Binop.MIN, Binop.RELU_GATE, Binop.SAT01_GATE, Binop.THREEFRY4X32)
 
 
 _BINOP_SYMBOLS = {
     Binop.ADD: "+", Binop.SUB: "-", Binop.MUL: "*", Binop.DIV: "/", Binop.POW: "**",
     Binop.MAX: "@^", Binop.MIN: "@-", Binop.LT: "<", Binop.GT: ">", Binop.EQ: "=",
     Binop.NE: "<>", Binop.RELU_GATE: "-?/", Binop.SAT01_GATE: "-?^", Binop.MOD: "%",
-    Binop.AND: "&&", Binop.OR: "||",
+    Binop.AND: "&&", Binop.OR: "||", Binop.THREEFRY4X32: "^^^^",
 }  # fmt: skip
 
 
@@ -116,6 +127,22 @@ class Ternop(enum.Enum):
 
 
 ScalarOp = Unop | Binop | Ternop
+
+PRNG_OPS: frozenset[ScalarOp] = frozenset({Binop.THREEFRY4X32, Unop.UNIFORM1, Unop.UINT4X32_OF})
+"""The operators of counter-based random numbers: the only ones on uint4x32 values."""
+
+
+def operand_dtypes(op: ScalarOp, result: DType) -> tuple[DType, ...]:
+    """The operand types of ``op`` when it yields a ``result`` value: those of the PRNG operators
+    are fixed (a ``uint4x32_of`` operand is an index-sized ``uint32``); every other operator
+    computes in its result's type."""
+    if op is Binop.THREEFRY4X32:
+        return (dtypes.uint4x32, dtypes.uint4x32)
+    if op is Unop.UNIFORM1:
+        return (dtypes.uint4x32,)
+    if op is Unop.UINT4X32_OF:
+        return (dtypes.uint32,)
+    return (result,) * op.arity
 
 ACCUMULATORS: frozenset[Binop] = frozenset({Binop.ADD, Binop.SUB, Binop.MUL, Binop.DIV, Binop.MAX, Binop.MIN})
 """The operators an accumulating assignment may accumulate with (``=+``, ``=:*``, ...)."""

@@ -29,11 +29,13 @@ from ocannl.lowlevel.dtypes import DType
 
 class MemoryMode(enum.Enum):
     """Where a node's value lives (spec/backend.md §2bis.2, simplified). ``None`` on a node means
-    undecided; the optimizer decides (C-backend work). Every node has a buffer in the interpreter.
+    undecided, and the node keeps a buffer: only ``VIRTUAL`` nodes may lose theirs (optimize.py).
     """
 
     VIRTUAL = "virtual"
-    """No storage: recomputed inline wherever it is read."""
+    """Need not persist: the optimizer may give it no storage and recompute it inline wherever a
+    routine reads it (a node it cannot inline keeps a buffer). See :func:`mark_virtual` and
+    ocannl/lowlevel/optimize.py; any other mode, and ``None``, keeps the node's buffer."""
     LOCAL = "local"
     """Storage private to one run of one routine; not visible afterwards."""
     ON_DEVICE = "on_device"
@@ -182,6 +184,20 @@ class TNode:
     def __repr__(self) -> str:
         dims = self._dims if isinstance(self._dims, tuple) else "?"
         return f"TNode({self.debug_name}, dims={dims}, {self.dtype.name})"
+
+
+def mark_virtual(node: TNode) -> None:
+    """Let the optimizer inline ``node`` (an intermediate result nobody reads from the host or
+    from a later routine). A mode already set (a request to materialize) wins."""
+    if node.memory_mode is None:
+        node.memory_mode = MemoryMode.VIRTUAL
+
+
+def mark_materialized(node: TNode) -> None:
+    """Keep ``node`` in a buffer that persists and that the host can read (``ctx.get``), also
+    when it was marked virtual. Takes effect for routines compiled afterwards."""
+    if node.memory_mode in (None, MemoryMode.VIRTUAL):
+        node.memory_mode = MemoryMode.MATERIALIZED
 
 
 def _check_dims(node: TNode, dims: object) -> tuple[int, ...]:

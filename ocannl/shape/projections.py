@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Hashable, Union
 
 from ocannl.errors import ShapeError
-from ocannl.lowlevel.indexing import Affine, AxisIndex, Fixed, IndexSymbol, Iter, Projections, Symbol
+from ocannl.lowlevel.indexing import (Affine, AxisIndex, Fixed, IndexSymbol, Iter, Projections, Symbol,
+                                      index_bounds)
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ def derive_projections(slots: list[list[Term]], dims: list[tuple[int, ...]], deb
             order.append(loop.key)
         return iterators[loop.key]
 
-    def index(term: Term) -> AxisIndex:
+    def index(term: Term, dim: int | None) -> AxisIndex:
         if isinstance(term, At):
             return Fixed(term.index)
         if isinstance(term, Static):
@@ -97,21 +98,35 @@ def derive_projections(slots: list[list[Term]], dims: list[tuple[int, ...]], deb
             sym = loop_index(term)
             return Fixed(0) if sym is None else Iter(sym)
         parts: list[tuple[int, Symbol]] = []
+        extents: dict[Symbol, int] = {}
         over = loop_index(term.over)
         if over is not None:
             parts.append((term.stride, over))
+            extents[over] = term.over.size
         if term.kernel is not None:
             k = loop_index(term.kernel)
             if k is not None:
                 parts.append((term.dilation, k))
+                extents[k] = term.kernel.size
         offset = term.offset - term.left_pad
-        if len(parts) == 1 and parts[0][0] == 1 and offset == 0:
+        # A plain loop index or a constant only where it provably stays inside the axis: an
+        # index that may leave it (a padded window over a size-1 axis) stays affine, so that
+        # lowering reads the neutral element there.
+        bounds = index_bounds(Affine(tuple(parts), offset), lambda s: (0, extents[s] - 1))
+        inside = dim is None or (bounds is not None and 0 <= bounds[0] and bounds[1] < dim)
+        if inside and len(parts) == 1 and parts[0][0] == 1 and offset == 0:
             return Iter(parts[0][1])
-        if not parts:
+        if inside and not parts:
             return Fixed(offset)
         return Affine(tuple(parts), offset)
 
-    project = [tuple(index(t) for t in slot) for slot in slots]
+    def slot_indices(j: int) -> tuple[AxisIndex, ...]:
+        slot = slots[j]
+        slot_dims = dims[j] if j < len(dims) else ()
+        axis_dims = slot_dims if len(slot_dims) == len(slot) else (None,) * len(slot)
+        return tuple(index(t, d) for t, d in zip(slot, axis_dims))
+
+    project = [slot_indices(j) for j in range(len(slots))]
     return Projections(
         product_space=tuple(sizes[k] for k in order),
         product_iterators=tuple(iterators[k] for k in order),

@@ -59,6 +59,7 @@ from ocannl.lowlevel.ir import (
     format_routine,
     format_stmt,
 )
+from ocannl.lowlevel.prng_reference import DEFAULT_ROUNDS, KEY_SCHEDULE_PARITY, ROTATIONS
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
 from ocannl.lowlevel.tnode import TNode
 
@@ -158,6 +159,17 @@ class _Compiler:
                 return run_seq
             case Comment():
                 return lambda: None
+            case Store(tnode=node, indices=indices, value=value, skip_oob=True):
+                self._statement = s
+                k, offset = self.buffer(node), self.offset(node, indices, "write", oob_value=0)
+                compute, store = self.expr(value), _to_storage(node.dtype)
+
+                def run_guarded_store() -> None:
+                    o = offset()
+                    if o is not None:
+                        bufs[k][o] = store(compute())
+
+                return run_guarded_store
             case Store(tnode=node, indices=indices, value=value):
                 self._statement = s
                 k, offset = self.buffer(node), self.offset(node, indices, "write")
@@ -213,9 +225,15 @@ class _Compiler:
                 return self.load(node, self.offset(node, indices, "read", oob), oob)
             case LoadDynamic(tnode=node, axis=axis, position=position, indices=indices):
                 return self.load(node, self.offset(node, indices, "read", dynamic=(axis, position)), None)
+            case Unary(op=Unop.UNIFORM1 | Unop.UINT4X32_OF as op, x=x):
+                f, arg = _PRNG_CONVERSIONS[op, e.dtype], self.expr(x)
+                return lambda: f(arg())
             case Unary(op=op, x=x):
                 f, arg = _unary(op, e.dtype), self.expr(x)
                 return lambda: f(arg())
+            case Binary(op=Binop.THREEFRY4X32, a=a, b=b):
+                key, counter = self.expr(a), self.expr(b)
+                return lambda: _threefry4x32(key(), counter())
             case Binary(op=op, a=a, b=b):
                 f, left, right = _binary(op, e.dtype), self.expr(a), self.expr(b)
                 return lambda: f(left(), right())
@@ -509,6 +527,75 @@ def _fma_float64(a: np.float64, b: np.float64, c: np.float64) -> np.float64:
         return np.float64(float(exact))
     except OverflowError:
         return np.float64(math.inf if exact > 0 else -math.inf)
+
+
+# ---------------------------------------------------------------------------------------------
+# The PRNG operators, on plain Python ints: the bit contract of ocannl/lowlevel/prng.py, written to
+# be read. uint4x32 values arrive and leave as arrays of 4 uint32.
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _threefry4x32(key: np.ndarray, counter: np.ndarray) -> np.ndarray:
+    """Standard Threefry-4x32-20 (Random123's ``threefry4x32_R(20, counter, key)``): five groups
+    of four rounds, each group followed by a key injection. Unrolled over local ints, since the
+    interpreter runs it once per random cell."""
+    m = _MASK32
+    k0, k1, k2, k3 = key.tolist()
+    ks = (k0, k1, k2, k3, k0 ^ k1 ^ k2 ^ k3 ^ KEY_SCHEDULE_PARITY)
+    c0, c1, c2, c3 = counter.tolist()
+    x0, x1, x2, x3 = (c0 + k0) & m, (c1 + k1) & m, (c2 + k2) & m, (c3 + k3) & m
+    for s in range(1, DEFAULT_ROUNDS // 4 + 1):
+        # Rounds 4(s-1) .. 4(s-1)+3 use ROTATIONS[0:4] when s is odd, ROTATIONS[4:8] when even.
+        # Even rounds mix (x0, x1) and (x2, x3), odd rounds (x0, x3) and (x2, x1); mixing (a, b)
+        # with rotation c is: a += b; b = rotl(b, c) ^ a.
+        (a0, b0), (a1, b1), (a2, b2), (a3, b3) = _ROTATION_GROUPS[s % 2]
+        x0 = (x0 + x1) & m
+        x1 = (((x1 << a0) | (x1 >> (32 - a0))) & m) ^ x0
+        x2 = (x2 + x3) & m
+        x3 = (((x3 << b0) | (x3 >> (32 - b0))) & m) ^ x2
+        x0 = (x0 + x3) & m
+        x3 = (((x3 << a1) | (x3 >> (32 - a1))) & m) ^ x0
+        x2 = (x2 + x1) & m
+        x1 = (((x1 << b1) | (x1 >> (32 - b1))) & m) ^ x2
+        x0 = (x0 + x1) & m
+        x1 = (((x1 << a2) | (x1 >> (32 - a2))) & m) ^ x0
+        x2 = (x2 + x3) & m
+        x3 = (((x3 << b2) | (x3 >> (32 - b2))) & m) ^ x2
+        x0 = (x0 + x3) & m
+        x3 = (((x3 << a3) | (x3 >> (32 - a3))) & m) ^ x0
+        x2 = (x2 + x1) & m
+        x1 = (((x1 << b3) | (x1 >> (32 - b3))) & m) ^ x2
+        # Key injection s.
+        x0 = (x0 + ks[s % 5]) & m
+        x1 = (x1 + ks[(s + 1) % 5]) & m
+        x2 = (x2 + ks[(s + 2) % 5]) & m
+        x3 = (x3 + ks[(s + 3) % 5] + s) & m
+    return np.array((x0, x1, x2, x3), dtype=np.uint32)
+
+
+_ROTATION_GROUPS = {1: ROTATIONS[0:4], 0: ROTATIONS[4:8]}
+"""The rotations of the four rounds before injection ``s``, by ``s % 2``."""
+
+
+def _uniform1_float32(bits: np.ndarray) -> np.float32:
+    return np.float32(int(bits[0]) >> 8) * np.float32(2.0**-24)
+
+
+def _uniform1_float64(bits: np.ndarray) -> np.float64:
+    return np.float64(((int(bits[1]) << 32) | int(bits[0])) >> 11) * np.float64(2.0**-53)
+
+
+def _uint4x32_of(value: Any) -> np.ndarray:
+    v = int(value) & 0xFFFFFFFFFFFFFFFF
+    return np.array((v & _MASK32, v >> 32, 0, 0), dtype=np.uint32)
+
+
+_PRNG_CONVERSIONS: dict[tuple[Unop, DType], Callable[[Any], Any]] = {
+    (Unop.UNIFORM1, dtypes.float32): _uniform1_float32,
+    (Unop.UNIFORM1, dtypes.float64): _uniform1_float64,
+    (Unop.UINT4X32_OF, dtypes.uint4x32): _uint4x32_of,
+}
 
 
 def _cast(source: DType, target: DType) -> Callable[[Any], Any]:

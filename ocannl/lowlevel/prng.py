@@ -1,0 +1,136 @@
+"""Counter-based random numbers as IR building blocks: the same bits on every backend.
+
+Parameters are initialized inside the compiled init routine (shared/DESIGN.md §3, "Parameters")
+by standard Threefry-4x32-20, Random123's generator, not the original's variant of
+spec/backend.md §7.6. A random fill is one accumulating assignment with no operands whose
+expression hashes each cell's offset, for example a uniform fill::
+
+    w =: -0.5 + (1.0 * (uniform1 (uint4x32(0, 7, 0, 0) ^^^^ (uint4x32_of cell_offset()))))
+
+so a backend needs three scalar operators (``ocannl/lowlevel/scalar_ops.py``) and nothing else.
+
+**The bit contract.** Every backend reproduces these exactly; the interpreter implements them on
+plain Python ints and ``prng_reference.py`` (checked against Random123's known answers) is the
+oracle. A uint4x32 value is four uint32 lanes ``(w0, w1, w2, w3)``; all lane arithmetic is
+modulo 2**32.
+
+* ``threefry4x32(key, counter)``: Random123's ``threefry4x32_R(20, counter, key)``, lane ``j``
+  of the result being word ``j`` of its output. With ``ks = (k0, k1, k2, k3, k0^k1^k2^k3^
+  0x1BD11BDA)`` and ``x = counter + key`` lane-wise, round ``r = 0..19`` uses the rotations
+  ``R[r % 8]`` with ``R = ((10, 26), (11, 21), (13, 27), (23, 5), (6, 20), (17, 11), (25, 10),
+  (18, 20))`` and mixes the lane pairs ``(x0, x1), (x2, x3)`` on even rounds and ``(x0, x3),
+  (x2, x1)`` on odd ones (mixing ``(a, b)`` with rotation ``c`` is ``a += b; b = rotl(b, c) ^
+  a``); after rounds 4, 8, 12, 16 and 20 injection ``s = 1..5`` adds ``(ks[s % 5], ks[(s+1) % 5],
+  ks[(s+2) % 5], ks[(s+3) % 5] + s)``.
+* ``uint4x32_of(x)`` for an integer ``x``: ``x`` converted to 64 bits (sign-extended if it is
+  signed, as C's ``(uint64_t)x``), low word in lane 0, high word in lane 1, lanes 2 and 3 zero.
+  For an offset (``0 <= x < 2**31``) that is ``(x, 0, 0, 0)``.
+* ``uniform1(x)`` as float32: ``float32(w0 >> 8) * 2**-24``; as float64:
+  ``float64(((w1 << 32) | w0) >> 11) * 2**-53``. Both conversions are exact, so the result is
+  a multiple of 2**-24 (2**-53) in ``[0, 1 - 2**-24]`` (``[0, 1 - 2**-53]``). Float16 and
+  bfloat16 nodes compute in float32 and round on store, as every expression does.
+* ``cell_offset()`` is the written cell's row-major offset in its node (an index-sized integer).
+
+**Key layout.** ``key(seed, stream, draw) = (seed, stream, draw, 0)``: ``seed`` is the session
+seed (``oc.seed``), ``stream`` tells the random tensors of a session apart (the frontend uses the
+tensor's id, its creation order), ``draw`` tells apart the independent uniforms one fill takes per
+cell (0, and 1 for the second uniform of :func:`normal_fill`). The counter is
+``uint4x32_of(cell_offset())``. Each argument must fit in 32 unsigned bits.
+
+The arithmetic around the uniforms is ordinary IR in the node's compute type, one rounding per
+operation and no contraction (shared/DESIGN.md §3): the uniform fill is bit-exact on every
+backend; the normal fill goes through ``log``, ``sqrt`` and ``cos``, so it is as exact as the
+backends' math libraries agree.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Callable
+
+from ocannl.lowlevel.assignments import Accum, Apply, CellOffset
+from ocannl.lowlevel.dtypes import DTypeError
+from ocannl.lowlevel.indexing import AxisIndex, Fixed, Iter, Projections, Symbol
+from ocannl.lowlevel.scalar_ops import Binop, Unop
+from ocannl.lowlevel.tnode import TNode
+
+_U32 = 2**32
+
+
+def key(seed: int, stream: int, draw: int = 0) -> tuple[int, int, int, int]:
+    """The Threefry key of uniform ``draw`` of random stream ``stream`` under ``seed`` (see the
+    key layout above)."""
+    for name, value in (("seed", seed), ("stream", stream), ("draw", draw)):
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < _U32:
+            raise ValueError(f"a PRNG {name} is an int in [0, 2**32), got {value!r}")
+    return (seed, stream, draw, 0)
+
+
+def counter() -> Apply:
+    """The counter of a random fill: the written cell's offset in lane 0."""
+    return Apply(Unop.UINT4X32_OF, (CellOffset(),))
+
+
+def uniform(k: tuple[int, int, int, int]) -> Apply:
+    """A uniform in [0, 1) per cell: ``uniform1(threefry4x32(k, counter()))``."""
+    return Apply(Unop.UNIFORM1, (Apply(Binop.THREEFRY4X32, (k, counter())),))
+
+
+def uniform_fill(node: TNode, seed: int, stream: int, low: float = 0.0, high: float = 1.0) -> Accum:
+    """``node =: low + (high - low) * u`` with ``u`` the cell's uniform under
+    ``key(seed, stream)``: values in ``[low, high)`` (up to the rounding of the last step).
+    ``low`` and ``high - low`` are computed in Python, then rounded to the node's compute type."""
+    _check_float(node, "uniform_fill")
+    scaled = Apply(Binop.MUL, (float(high) - float(low), uniform(key(seed, stream))))
+    return _fill(node, Apply(Binop.ADD, (float(low), scaled)))
+
+
+def normal_fill(node: TNode, seed: int, stream: int, mean: float = 0.0, std: float = 1.0) -> Accum:
+    """``node =: mean + std * z`` with ``z`` standard normal by Box-Muller from two independent
+    uniforms of the cell, ``u1`` (draw 0) and ``u2`` (draw 1):
+    ``z = sqrt(-2 * log(1 - u1)) * cos(2 * pi * u2)`` (``1 - u1`` is in ``(0, 1]``, so the log
+    is finite)."""
+    _check_float(node, "normal_fill")
+    u1, u2 = uniform(key(seed, stream, 0)), uniform(key(seed, stream, 1))
+    log = Apply(Unop.LOG, (Apply(Binop.SUB, (1.0, u1)),))
+    radius = Apply(Unop.SQRT, (Apply(Binop.MUL, (-2.0, log)),))
+    z = Apply(Binop.MUL, (radius, Apply(Unop.COS, (Apply(Binop.MUL, (2 * math.pi, u2)),))))
+    return _fill(node, Apply(Binop.ADD, (float(mean), Apply(Binop.MUL, (float(std), z)))))
+
+
+def _check_float(node: TNode, what: str) -> None:
+    if not node.dtype.is_float:
+        raise DTypeError(f"{what}: {node.debug_name} holds {node.dtype.name}; random fills make floats")
+
+
+def _fill(node: TNode, fn: Apply) -> Accum:
+    """``node =: fn`` once per cell."""
+    return Accum(node, None, fn, (), every_cell(node))
+
+
+def every_cell(node: TNode) -> Callable[[], Projections]:
+    """Projections visiting each cell of ``node`` once, with no operands (a loop per axis of size
+    above 1); computed when first asked, once ``node``'s dims are known."""
+
+    @functools.cache
+    def projections() -> Projections:
+        indices: list[AxisIndex] = []
+        loops: list[tuple[Symbol, int]] = []
+        for d in node.dims:
+            if d == 1:
+                indices.append(Fixed(0))
+            else:
+                loops.append((Symbol(), d))
+                indices.append(Iter(loops[-1][0]))
+        return Projections(
+            product_space=tuple(n for _, n in loops),
+            product_iterators=tuple(s for s, _ in loops),
+            lhs_dims=node.dims,
+            rhs_dims=(),
+            project_lhs=tuple(indices),
+            project_rhs=(),
+            debug=f"every cell of {node.debug_name}",
+        )
+
+    return projections

@@ -1,0 +1,371 @@
+"""The conformance kit: every backend computes what the interpreter computes.
+
+A *program* builds tensors and computations in a fresh session (so ids, labels and PRNG keys are
+the same on every run) and names the index bindings of its runs. :func:`run_program` compiles and
+runs it on one backend and returns every node the routine wrote; :func:`conformance` runs the
+whole :func:`catalog` (every op forward and backward, einsum forms, convolutions, reductions, a
+training step with each optimizer, PRNG bits, gathers) plus random einsum programs on a backend
+and compares each node with the interpreter's: exactly for integers and PRNG bits, within a
+tolerance for floats (libm's ``expf`` may differ from numpy's in the last place).
+
+``python -m ocannl.testing --backend c`` runs it and prints a summary; the test suite runs it for
+every available backend. :func:`compare` checks one computation on several backends and reports
+the first tensor and element where one departs from the interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from ocannl import session
+
+FLOAT_RTOL = 1e-5
+FLOAT_ATOL = 1e-6
+
+
+@dataclass
+class Program:
+    """``build()`` returns the items to compile (tensors and computations); ``runs`` are the
+    bindings of successive runs (one run without bindings by default)."""
+
+    name: str
+    build: Callable[[], Sequence]
+    runs: tuple[dict[str, int], ...] = ({},)
+
+
+@dataclass
+class Mismatch:
+    program: str
+    node: str
+    index: tuple[int, ...] | None
+    expected: object
+    got: object
+
+    def __str__(self) -> str:
+        where = f"[{', '.join(map(str, self.index))}]" if self.index is not None else ""
+        return f"{self.program}: {self.node}{where}: interp {self.expected!r}, backend {self.got!r}"
+
+
+@dataclass
+class Report:
+    backend: str
+    passed: list[str] = field(default_factory=list)
+    mismatches: list[Mismatch] = field(default_factory=list)
+    errors: list[tuple[str, str]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches and not self.errors
+
+    def summary(self) -> str:
+        lines = [f"conformance of {self.backend!r}: {len(self.passed)} programs passed, "
+                 f"{len(self.mismatches)} mismatched, {len(self.errors)} failed "
+                 f"({self.seconds:.1f} s)"]
+        lines += [f"  MISMATCH {m}" for m in self.mismatches]
+        lines += [f"  ERROR {name}: {err}" for name, err in self.errors]
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Running and comparing.
+
+
+def run_program(program: Program, backend: str) -> dict[str, np.ndarray]:
+    """Run ``program`` in a fresh session on ``backend``; every node its routine wrote, by name,
+    after the last run."""
+    from ocannl.backends.base import Context
+
+    session.reset()
+    items = list(program.build())
+    ctx = Context(backend)
+    routine = ctx.compile(*items)
+    for bindings in program.runs:
+        routine.run(**bindings)
+    return {node.name: ctx.get(node) for node in routine.ir.writes if ctx.has_value(node)}
+
+
+def first_mismatch(name: str, expected: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> Mismatch | None:
+    """The first node (in the interpreter's write order) and element where ``got`` departs."""
+    for node, want in expected.items():
+        have = got.get(node)
+        if have is None:
+            return Mismatch(name, node, None, "a value", "nothing (node missing)")
+        if have.shape != want.shape or have.dtype != want.dtype:
+            return Mismatch(name, node, None, (want.shape, str(want.dtype)), (have.shape, str(have.dtype)))
+        if want.dtype.kind == "f":
+            bad = ~np.isclose(have, want, rtol=FLOAT_RTOL, atol=FLOAT_ATOL, equal_nan=True)
+        else:
+            bad = have != want
+        if bad.any():
+            index = tuple(int(i) for i in np.argwhere(bad)[0])
+            return Mismatch(name, node, index, want[index].item() if want.ndim else want.item(),
+                            have[index].item() if have.ndim else have.item())
+    return None
+
+
+def check_program(program: Program, backend: str, reference: str = "interp") -> Mismatch | None:
+    return first_mismatch(program.name, run_program(program, reference), run_program(program, backend))
+
+
+def compare(build: Callable[[], Sequence], backends: Sequence[str], runs: Sequence[dict[str, int]] = ({},),
+            name: str = "computation") -> list[Mismatch]:
+    """Run what ``build()`` returns (tensors/computations, built afresh per backend) on the
+    interpreter and on each of ``backends``; the first departure of each backend (empty if all
+    agree)."""
+    program = Program(name, build, tuple(runs))
+    expected = run_program(program, "interp")
+    out = []
+    for b in backends:
+        m = first_mismatch(f"{name} on {b}", expected, run_program(program, b))
+        if m is not None:
+            out.append(m)
+    return out
+
+
+def conformance(backend: str, programs: Iterable[Program] | None = None, random_programs: int = 20,
+                seed: int = 0) -> Report:
+    """Run the catalog (and ``random_programs`` random einsum programs) on ``backend``."""
+    report = Report(backend)
+    start = time.perf_counter()
+    programs = list(programs) if programs is not None else catalog()
+    rng = np.random.default_rng(seed)
+    programs += [random_einsum_program(rng, i) for i in range(random_programs)]
+    for program in programs:
+        try:
+            m = check_program(program, backend)
+        except Exception as exc:  # noqa: BLE001 - reported per program, the run goes on
+            report.errors.append((program.name, f"{type(exc).__name__}: {exc}".splitlines()[0]))
+            continue
+        if m is None:
+            report.passed.append(program.name)
+        else:
+            report.mismatches.append(m)
+    report.seconds = time.perf_counter() - start
+    session.reset()
+    return report
+
+
+# ---------------------------------------------------------------------------------------------
+# The catalog.
+
+
+def _data(shape: tuple[int, ...], seed: int, low: float = -1.0, high: float = 1.0) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(low, high, shape).astype(np.float32)
+
+
+def _param(label: str, shape: tuple[int, ...], seed: int, n_input: int = 0, low: float = -1.0, high: float = 1.0):
+    import ocannl as oc
+
+    out, inp = shape[:len(shape) - n_input], shape[len(shape) - n_input:]
+    return oc.param(label, output=out, input=inp, init=_data(shape, seed, low, high))
+
+
+def _forward_and_backward(make: Callable) -> Callable[[], Sequence]:
+    """A program computing ``make()``'s result and the gradients of a weighted sum of it."""
+    def build():
+        import ocannl as oc
+        from ocannl import train
+
+        y = make()
+        if not y.requires_grad:
+            return [y]
+        weights = oc.tensor(_data(y.dims, 99), batch=len(y.shape.batch), input=len(y.shape.input))
+        return [train.grad_update((y * weights).sum(label="loss"))]
+
+    return build
+
+
+_UNARY_DOMAINS = {"log": (0.5, 2.0), "log2": (0.5, 2.0), "sqrt": (0.5, 2.0), "recip": (0.5, 2.0),
+                  "recip_sqrt": (0.5, 2.0)}
+
+
+def _unary_programs() -> list[Program]:
+    import ocannl as oc
+    from ocannl.ops import UNARY_OPS
+
+    out = []
+    for op in UNARY_OPS:
+        fn = getattr(oc, "not_" if op == "not" else op)
+        low, high = _UNARY_DOMAINS.get(op, (-2.0, 2.0))
+        out.append(Program(f"unary {op}", _forward_and_backward(
+            lambda fn=fn, low=low, high=high: fn(_param("x", (3, 4), 1, low=low, high=high)))))
+    return out
+
+
+def _binary_programs() -> list[Program]:
+    import ocannl as oc
+
+    cases = {
+        "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+        "div": lambda a, b: a / b, "pow": lambda a, b: a ** b, "lt": lambda a, b: a < b,
+        "gt": lambda a, b: a > b, "eq": lambda a, b: oc.eq(a, b), "ne": lambda a, b: oc.ne(a, b),
+        "maximum": oc.maximum, "minimum": oc.minimum,
+    }
+    out = []
+    for name, fn in cases.items():
+        positive = name in ("pow", "div")
+        lo, hi = (0.5, 2.0) if positive else (-2.0, 2.0)
+        out.append(Program(f"binary {name}", _forward_and_backward(
+            lambda fn=fn, lo=lo, hi=hi: fn(_param("a", (2, 3), 1, low=lo, high=hi),
+                                           _param("b", (3,), 2, low=lo, high=hi)))))
+    out.append(Program("binary scalar broadcast", _forward_and_backward(
+        lambda: 2.5 * _param("a", (2, 3), 3) - 1)))
+    return out
+
+
+def _structured_programs() -> list[Program]:
+    import ocannl as oc
+
+    def x(shape, seed=4, batch=0, input=0):
+        return oc.tensor(_data(shape, seed), batch=batch, input=input)
+
+    return [
+        Program("where", _forward_and_backward(
+            lambda: oc.where(x((2, 3), 5) > 0, _param("a", (2, 3), 1), _param("b", (2, 3), 2)))),
+        Program("fma", _forward_and_backward(
+            lambda: oc.fma(_param("a", (3,), 1), _param("b", (3,), 2), _param("c", (3,), 3)))),
+        Program("compose (dense layer)", _forward_and_backward(
+            lambda: _param("w", (4, 3), 1, n_input=1) @ x((5, 3), batch=1))),
+        Program("einsum matmul", _forward_and_backward(
+            lambda: oc.einsum("ij;jk=>ik", _param("a", (2, 3), 1), _param("b", (3, 4), 2)))),
+        Program("einsum batched attention scores", _forward_and_backward(
+            lambda: oc.einsum("b s | h d; b t | h d => b s | t -> h",
+                              oc.tensor(_data((2, 3, 2, 4), 1), batch=2),
+                              _param("k", (2, 4), 2) * oc.tensor(_data((2, 3, 1, 1), 3), batch=2)))),
+        Program("einsum three operands", _forward_and_backward(
+            lambda: oc.einsum("i;ij;j=>i", _param("a", (3,), 1), _param("b", (3, 4), 2), _param("c", (4,), 3)))),
+        Program("einsum permutation across kinds", _forward_and_backward(
+            lambda: oc.einsum("ab|cd->ef => cf|ae->db", _param("p", (3, 2, 2, 3), 1, n_input=2) *
+                              oc.tensor(_data((2, 3, 3, 2, 2, 3), 2), batch=2, input=2)))),
+        Program("einsum fixed index", _forward_and_backward(
+            lambda: oc.einsum("...|i->1; ...|...->i => ...|i", oc.tensor(_data((3, 2, 4), 1), batch=1, input=1),
+                              _param("b", (4,), 2) * oc.tensor(_data((3, 4, 1), 3), batch=1, input=1)))),
+        Program("einsum diagonal", lambda: [oc.einsum("i=>ii", x((5,)))]),
+        Program("outer_sum", _forward_and_backward(
+            lambda: oc.outer_sum("i;j=>ij", _param("a", (3,), 1), _param("b", (4,), 2)))),
+        Program("einmax", _forward_and_backward(lambda: oc.einmax("ij=>i", _param("a", (3, 5), 1)))),
+        Program("tropical max-pool", _forward_and_backward(
+            lambda: oc.tropical("2*oh<+wh, 2*ow<+ww; wh, ww => oh, ow", _param("a", (4, 6), 1),
+                                oc.tensor(np.zeros((2, 2), np.float32))))),
+        Program("sum/mean/max reductions", _forward_and_backward(
+            lambda: _param("a", (2, 3), 1).sum() + _param("b", (2, 3), 2).mean() + _param("c", (3, 2), 3).max())),
+        Program("reduce batch axes", _forward_and_backward(
+            lambda: (_param("w", (3,), 1) * x((4, 3), batch=1)).mean(axes="batch"))),
+        Program("valid conv 2-D stride 2 dilation 2", _forward_and_backward(
+            lambda: oc.einsum("2*oh<+2*kh, 2*ow<+2*kw, ic; kh, kw, ic -> oc => oh, ow, oc",
+                              x((9, 9, 2)), _param("k", (3, 3, 3, 2), 2, n_input=3)))),
+        Program("padded conv 2-D", _forward_and_backward(
+            lambda: oc.einsum("oh=+kh, ow=+kw, ic; kh, kw, ic -> oc => oh, ow, oc",
+                              x((5, 5, 1)), _param("k", (2, 3, 3, 1), 2, n_input=3)))),
+        Program("batch slice by index symbol", _forward_and_backward(
+            lambda: _param("w", (3,), 1) * oc.tensor(_data((4, 2, 3), 1), batch=2)[oc.IndexSymbol("batch_n", 4)]),
+            runs=({"batch_n": 0}, {"batch_n": 3})),
+        Program("take (gather) and scatter-add", _forward_and_backward(
+            lambda: oc.take(_param("table", (5, 3), 1), oc.tensor(np.array([[4, 0], [1, 1], [2, 4]]), batch=1)))),
+        Program("concat and stack", _forward_and_backward(
+            lambda: oc.concat("a; b => a^b", [_param("a", (2,), 1), _param("b", (3,), 2)])
+            + oc.stack([_param("c", (5,), 3), _param("d", (5,), 4)]).sum(axes="output") * 0 )),
+        Program("interleave and deinterleave", _forward_and_backward(
+            lambda: oc.interleave(oc.deinterleave_odd(_param("a", (6,), 1)), _param("b", (3,), 2)))),
+        Program("index symbol as a scalar", lambda: [oc.tensor(_data((3,), 1)) * (oc.IndexSymbol("step_n", 10) + 1)],
+                runs=({"step_n": 7},)),
+    ]
+
+
+def _training_programs() -> list[Program]:
+    def step(optimizer: str, **kw):
+        def build():
+            import ocannl as oc
+            from ocannl import train
+
+            x = oc.tensor(_data((6, 2), 1), batch=1)
+            y = oc.tensor(np.sign(_data((6, 1), 2)), batch=1)
+            w1 = _param("w1", (4, 2), 3, n_input=1)
+            b1 = _param("b1", (4,), 4)
+            w2 = _param("w2", (1, 4), 5, n_input=1)
+            loss = oc.relu(1 - y * (w2 @ oc.relu(w1 @ x + b1))).mean(label="loss")
+            u = train.grad_update(loss)
+            opt = getattr(train, optimizer)(u, **kw)
+            return [u, opt]
+
+        return build
+
+    return [
+        Program("training step sgd", step("sgd_update", lr=0.1, weight_decay=1e-4), runs=({},) * 3),
+        Program("training step sgd momentum", step("sgd_update", lr=0.1, momentum=0.9), runs=({},) * 3),
+        Program("training step sgd nesterov", step("sgd_update", lr=0.1, momentum=0.9, nesterov=True), runs=({},) * 3),
+        Program("training step adam", step("adam_update", lr=0.01), runs=({},) * 3),
+        Program("training step adamw", step("adam_update", lr=0.01, weight_decay=0.1, decoupled=True), runs=({},) * 3),
+    ]
+
+
+def _prng_programs() -> list[Program]:
+    def default_init():
+        import ocannl as oc
+
+        w = oc.param("w", output=5, input=3)
+        return [w @ oc.tensor(_data((2, 3), 1), batch=1)]
+
+    return [Program("PRNG default parameter init", default_init)]
+
+
+def catalog() -> list[Program]:
+    """Every program of the kit (random programs aside)."""
+    return _unary_programs() + _binary_programs() + _structured_programs() + _training_programs() + _prng_programs()
+
+
+def random_einsum_program(rng: np.random.Generator, index: int = 0) -> Program:
+    """A random einsum of one to three operands over single-letter labels of random small
+    sizes, forward and backward (the result keeps a random subset of the labels)."""
+    letters = "ijklm"
+    n_labels = int(rng.integers(1, 5))
+    labels = letters[:n_labels]
+    sizes = {c: int(rng.integers(1, 4)) for c in labels}
+    n_operands = int(rng.integers(1, 4))
+    operands = ["".join(rng.permutation(list(labels))[:int(rng.integers(1, n_labels + 1))]) for _ in range(n_operands)]
+    used = sorted(set("".join(operands)))
+    result = "".join(c for c in rng.permutation(used) if rng.random() < 0.6)
+    spec = ";".join(operands) + "=>" + result
+    seeds = [int(rng.integers(1 << 30)) for _ in operands]
+
+    def make():
+        import ocannl as oc
+
+        ts = [_param(f"p{j}", tuple(sizes[c] for c in op), seed) for j, (op, seed) in enumerate(zip(operands, seeds))]
+        return oc.einsum(spec, *ts)
+
+    return Program(f"random einsum #{index} {spec!r}", _forward_and_backward(make))
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line.
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ocannl.backends.base import get_backend
+    from ocannl.errors import BackendUnavailable
+
+    parser = argparse.ArgumentParser(prog="python -m ocannl.testing", description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", required=True, help="the backend to check against the interpreter")
+    parser.add_argument("--random", type=int, default=20, help="number of random einsum programs")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    try:
+        get_backend(args.backend)
+    except BackendUnavailable as exc:
+        print(f"backend {args.backend!r} is not available here: {exc}")
+        return 2
+    report = conformance(args.backend, random_programs=args.random, seed=args.seed)
+    print(report.summary())
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
