@@ -37,6 +37,7 @@ class Program:
     name: str
     build: Callable[[], Sequence]
     runs: tuple[dict[str, int], ...] = ({},)
+    exact: bool = False  # compare floats bit for bit too (PRNG-derived values)
 
 
 @dataclass
@@ -78,8 +79,8 @@ class Report:
 
 
 def run_program(program: Program, backend: str) -> dict[str, np.ndarray]:
-    """Run ``program`` in a fresh session on ``backend``; every node its routine wrote, by name,
-    after the last run."""
+    """Run ``program`` in a fresh session on ``backend``; every node its routine read or wrote
+    (parameters included), by name, after the last run."""
     from ocannl.backends.base import Context
 
     session.reset()
@@ -88,18 +89,21 @@ def run_program(program: Program, backend: str) -> dict[str, np.ndarray]:
     routine = ctx.compile(*items)
     for bindings in program.runs:
         routine.run(**bindings)
-    return {node.name: ctx.get(node) for node in routine.ir.writes if ctx.has_value(node)}
+    nodes = dict.fromkeys(routine.ir.writes + routine.ir.reads)  # parameters too: their init
+    return {node.name: ctx.get(node) for node in nodes if ctx.has_value(node)}
 
 
-def first_mismatch(name: str, expected: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> Mismatch | None:
-    """The first node (in the interpreter's write order) and element where ``got`` departs."""
+def first_mismatch(name: str, expected: dict[str, np.ndarray], got: dict[str, np.ndarray],
+                   exact: bool = False) -> Mismatch | None:
+    """The first node (in the interpreter's write order) and element where ``got`` departs
+    (floats within the tolerance unless ``exact``)."""
     for node, want in expected.items():
         have = got.get(node)
         if have is None:
             return Mismatch(name, node, None, "a value", "nothing (node missing)")
         if have.shape != want.shape or have.dtype != want.dtype:
             return Mismatch(name, node, None, (want.shape, str(want.dtype)), (have.shape, str(have.dtype)))
-        if want.dtype.kind == "f":
+        if want.dtype.kind == "f" and not exact:
             bad = ~np.isclose(have, want, rtol=FLOAT_RTOL, atol=FLOAT_ATOL, equal_nan=True)
         else:
             bad = have != want
@@ -111,7 +115,8 @@ def first_mismatch(name: str, expected: dict[str, np.ndarray], got: dict[str, np
 
 
 def check_program(program: Program, backend: str, reference: str = "interp") -> Mismatch | None:
-    return first_mismatch(program.name, run_program(program, reference), run_program(program, backend))
+    return first_mismatch(program.name, run_program(program, reference), run_program(program, backend),
+                          exact=program.exact)
 
 
 def compare(build: Callable[[], Sequence], backends: Sequence[str], runs: Sequence[dict[str, int]] = ({},),
@@ -313,7 +318,18 @@ def _prng_programs() -> list[Program]:
         w = oc.param("w", output=5, input=3)
         return [w @ oc.tensor(_data((2, 3), 1), batch=1)]
 
-    return [Program("PRNG default parameter init", default_init)]
+    def uniform_bits(dtype: str):
+        def build():
+            import ocannl as oc
+
+            p = oc.param("u", output=(7, 5), init=oc.init.uniform(-2.0, 3.0), dtype=dtype)
+            return [p * 1.0]
+
+        return build
+
+    return [Program("PRNG default parameter init (Glorot uniform)", default_init, exact=True),
+            Program("PRNG uniform bits float32", uniform_bits("float32"), exact=True),
+            Program("PRNG uniform bits float64", uniform_bits("float64"), exact=True)]
 
 
 def catalog() -> list[Program]:
