@@ -23,7 +23,7 @@ from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.assignments import Assignment, Block, Computation
 from ocannl.lowlevel.dtypes import DType
 from ocannl.lowlevel.indexing import IndexSymbol, Projections
-from ocannl.lowlevel.tnode import TNode
+from ocannl.lowlevel.tnode import TNode, mark_materialized, mark_virtual
 from ocannl.shape import solver as solver_mod
 from ocannl.shape.logic import ShapeLogic
 from ocannl.shape.projections import derive_projections
@@ -158,7 +158,17 @@ class Tensor:
         """The buffer holding this tensor's value (its dims are this tensor's inferred dims)."""
         if self._value is None:
             self._value = TNode(self.label, dims=lambda: self.dims, dtype=self.dtype)
+            if self.logic is not None:
+                # An intermediate result: the optimizer may inline it where it is read, unless
+                # the host reads it (t.numpy() recomputes it then) or ``t.materialize()`` asks.
+                mark_virtual(self._value)
         return self._value
+
+    def materialize(self) -> "Tensor":
+        """Keep this tensor's value in a buffer in routines compiled from now on, so the host can
+        read what a training step computed (intermediates are inlined by default)."""
+        mark_materialized(self.value)
+        return self
 
     @property
     def requires_grad(self) -> bool:
@@ -216,11 +226,13 @@ class Tensor:
         compiles and runs its forward code on the default context."""
         if self.is_constant:
             return np.full(self.dims, self.data, dtype=self.dtype.storage)
-        from ocannl.backends.base import default_context, last_writer
+        from ocannl.backends.base import contexts_holding, default_context, last_writer
 
         ctx = last_writer(self.value)
-        if ctx is None:
-            ctx = default_context()
+        if ctx is None or not ctx.has_value(self.value):
+            # Not computed (or inlined by the optimizer): compute it where its parameters live.
+            holders = (c for u in reversed(subgraph(self)) if u.is_param for c in contexts_holding(u.value))
+            ctx = next(holders, None) or default_context()
             routine = ctx.compile(self)
             routine.run()
         return ctx.get(self.value)

@@ -40,12 +40,40 @@ from ocannl.lowlevel.tnode import TNode, sanitize_identifier
 
 
 class Executable(Protocol):
-    """A compiled routine: runs over the context's arrays with the index symbols bound."""
+    """A compiled routine: runs over the context's buffers (numpy arrays, or what the backend's
+    :class:`BufferOwner` makes) with the index symbols bound."""
 
-    def run(self, buffers: Mapping[TNode, np.ndarray], bindings: Mapping[IndexSymbol, int]) -> None: ...
+    def run(self, buffers: Mapping[TNode, Any], bindings: Mapping[IndexSymbol, int]) -> None: ...
+
+
+class BufferOwner(Protocol):
+    """How a backend holds buffers, when not as numpy arrays (its ``buffers`` attribute): the
+    Triton backend keeps torch tensors on the GPU. ``from_host`` takes a fresh C-contiguous array
+    of the node's storage dtype; ``to_host`` returns an array the caller copies."""
+
+    def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> Any: ...
+
+    def from_host(self, array: np.ndarray) -> Any: ...
+
+    def to_host(self, buffer: Any) -> np.ndarray: ...
+
+
+class _NumpyBuffers:
+    def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        return np.zeros(shape, dtype=dtype)
+
+    def from_host(self, array: np.ndarray) -> np.ndarray:
+        return array
+
+    def to_host(self, buffer: np.ndarray) -> np.ndarray:
+        return buffer
 
 
 class Backend(Protocol):
+    """A backend may also have ``buffers`` (a :class:`BufferOwner`; default: numpy arrays) and
+    ``emulated`` (true when it runs through an emulator, such as the Triton interpreter:
+    :meth:`Context.auto` never picks it)."""
+
     name: str
 
     def available(self) -> tuple[bool, str]:
@@ -90,7 +118,8 @@ def get_backend(name: str) -> Backend:
 
 def best_available() -> str:
     for name in registered_backends():
-        if _registry[name].factory().available()[0]:
+        backend = _registry[name].factory()
+        if backend.available()[0] and not getattr(backend, "emulated", False):
             return name
     raise BackendUnavailable("no backend can run here")
 
@@ -102,6 +131,24 @@ def _interp() -> Backend:
 
 
 register_backend("interp", _interp, preference=0)
+
+
+def _c() -> Backend:
+    from ocannl.backends.c import CBackend
+
+    return CBackend()
+
+
+register_backend("c", _c, preference=10)
+
+
+def _triton() -> Backend:
+    from ocannl.backends.triton import TritonBackend
+
+    return TritonBackend()
+
+
+register_backend("triton", _triton, preference=20)
 
 
 @dataclass
@@ -118,9 +165,10 @@ class Context:
     def __init__(self, backend: str | None = None, *, debug_dir: str | Path | None = None):
         """``backend`` (else the ``backend`` setting, else ``interp``) names the backend."""
         self.backend = get_backend(config.get("backend", backend, "interp"))
+        self._memory: BufferOwner = getattr(self.backend, "buffers", None) or _NumpyBuffers()
         self.stats = ContextStats()
         self.debug_dir = config.get("debug_dir", None if debug_dir is None else str(debug_dir))
-        self._buffers: dict[TNode, np.ndarray] = {}
+        self._buffers: dict[TNode, Any] = {}
         self._inputs: set[TNode] = set()
         """Nodes some routine compiled here reads as an input: later routines keep them."""
         self._inlined: dict[TNode, str] = {}
@@ -155,14 +203,15 @@ class Context:
 
     def get(self, tnode: TNode) -> np.ndarray:
         """A copy of ``tnode``'s value, of shape ``tnode.dims`` (bfloat16 values come back as
-        float32; uint4x32 values as uint32 with a trailing axis of 4)."""
+        float32; uint4x32 values as uint32 with a trailing axis of 4). A node marked virtual that
+        the last routine computing it inlined has no value: the error says how to keep it."""
         if tnode in self._inlined:
             raise SessionError(_inlined_message(tnode, self._inlined[tnode]))
         if tnode not in self._buffers:
             raise SessionError(
                 f"{tnode.debug_name} has no value on this context: run a routine that computes it, or set it"
             )
-        array = self._buffers[tnode]
+        array = self._memory.to_host(self._buffers[tnode])
         if tnode.dtype is dtypes.bfloat16:
             return dtypes.bfloat16_bits_to_float32(array).copy()
         return array.copy()
@@ -180,12 +229,12 @@ class Context:
             stored = dtypes.float32_to_bfloat16_bits(value.astype(np.float32))
         else:
             stored = value.astype(tnode.dtype.storage)
-        self._buffers[tnode] = np.ascontiguousarray(stored).copy()
+        self._buffers[tnode] = self._memory.from_host(np.ascontiguousarray(stored).copy())
         self._inlined.pop(tnode, None)
 
-    def _buffer(self, tnode: TNode) -> np.ndarray:
+    def _buffer(self, tnode: TNode) -> Any:
         if tnode not in self._buffers:
-            self._buffers[tnode] = np.zeros(_buffer_shape(tnode), dtype=tnode.dtype.storage)
+            self._buffers[tnode] = self._memory.zeros(_buffer_shape(tnode), tnode.dtype.storage)
         return self._buffers[tnode]
 
     # -- compilation ----------------------------------------------------------------------------
@@ -237,7 +286,11 @@ class Context:
             (self.debug_dir / f"{name}.cd").write_text(format_cd(name, body))
             (self.debug_dir / f"{name}-unoptimized.ll").write_text(format_routine(unoptimized))
             (self.debug_dir / f"{name}.ll").write_text(format_routine(optimized))
-        routine = Routine(self, optimized, self.backend.compile(optimized))
+        executable = self.backend.compile(optimized)
+        if self.debug_dir is not None:  # generated sources, e.g. {".c": text}
+            for suffix, text in getattr(executable, "debug_files", {}).items():
+                (self.debug_dir / f"{name}{suffix}").write_text(text)
+        routine = Routine(self, optimized, executable)
         routine._inputs, routine._inlined = inputs, inlined_nodes(unoptimized, optimized)
         return routine
 

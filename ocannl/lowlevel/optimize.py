@@ -9,8 +9,9 @@ be run and tested alone:
    is a routine *input* and must persist).
 2. :func:`virtualize` — a node that the runtime does not need to keep (not in ``keep``), written
    by one loop nest whose store indices are a bijection of its loop indices (a pointwise nest, or
-   a reduction nest with its reset) and read only after it, gets no buffer: each read
-   ``n[J]`` becomes a local scope computing the value of that cell (spec/backend.md §4.3, §5.3).
+   a reduction nest with its reset) and read only after it, without a cell being computed twice,
+   gets no buffer: each read ``n[J]`` becomes a local scope computing the value of that cell
+   (spec/backend.md §4.3, §5.3).
 3. :func:`simplify` — local scopes of one assignment collapse to their value; constants fold
    where IEEE arithmetic rounds exactly once (never libm functions); identities that hold bit for
    bit (``x * 1``, ``x / 1``, ``x - 0``, ``x + -0``, never ``x + 0`` nor ``x * 0``); affine
@@ -29,9 +30,9 @@ Without the fast setting every pass keeps the interpreter's results bit for bit
 routine, so :func:`optimize` takes ``keep``: nodes that must stay materialized. The default
 (:func:`materialized_nodes`) keeps every node whose ``memory_mode`` is not
 ``MemoryMode.VIRTUAL``: an undecided node (``None``) is kept, so nothing is virtualized unless
-someone asked for it. The frontend marks the intermediate results the user never reads with
-:func:`~ocannl.lowlevel.tnode.mark_virtual` (a request: a node the optimizer cannot inline keeps
-its buffer); ``mark_materialized`` undoes it. ``Context`` also keeps every node that a routine
+someone asked for it. The frontend is to mark the intermediate results the user never reads
+with :func:`~ocannl.lowlevel.tnode.mark_virtual` (a request: a node the optimizer cannot inline
+keeps its buffer); ``mark_materialized`` undoes it. ``Context`` also keeps every node that a routine
 it compiled earlier reads as an input. A node marked virtual is still kept where it is an output
 (written, never read in the routine), so ``t.numpy()`` on it compiles a routine that stores it.
 After a routine that inlined a node runs, ``ctx.get`` of that node raises an error that says so.
@@ -103,8 +104,9 @@ def materialized_nodes(routine: RoutineIR) -> set[TNode]:
 
 
 def inlined_nodes(unoptimized: RoutineIR, optimized: RoutineIR) -> frozenset[TNode]:
-    """The nodes the optimizer virtualized: accessed by ``unoptimized``, not by ``optimized``."""
-    return frozenset(unoptimized.reads + unoptimized.writes) - set(optimized.reads + optimized.writes)
+    """The nodes the optimizer virtualized: written by ``unoptimized``, not by ``optimized`` (the
+    other passes never remove a store; simplification may remove a read, in a dead branch)."""
+    return frozenset(unoptimized.writes) - set(optimized.writes)
 
 
 def routine_inputs(routine: RoutineIR) -> frozenset[TNode]:
@@ -227,6 +229,10 @@ class _Tracer:
                 self._record(node, True, Access(position, None, loops))
             case SetLocal(value=value):
                 self.expr(value, position, loops)
+            case Comment() | DeclareLocal():
+                pass
+            case _:
+                raise TypeError(f"the optimizer does not know the statement {s!r}")
 
     def expr(self, e: Expr, position: int, loops: tuple[Symbol, ...]) -> None:
         match e:
@@ -535,6 +541,8 @@ def _plan(t: Trace, node: TNode, keep: Collection[TNode]) -> _Plan | str:
         return "the routine may read it before writing it (an input)"
     if any(w.dynamic for w in nt.writes):
         return "it is written through a data-dependent index"
+    if any(getattr(s, "skip_oob", False) for p in nt.writer_positions for s in iter_stmts(t.statements[p])):
+        return "a store to it may fall outside its cells"
     producers = nt.writer_positions
     for p in producers:
         if _stores(t.statements[p]) != {node}:
@@ -753,8 +761,8 @@ class _Simplifier(_Rewriter):
         match e:
             case LocalScope():
                 return self.collapse_scope(e)
-            case EmbedIndex(index=Fixed(index=k), dtype=t):
-                return Const(int(dtypes.wrap_int(t, k)), t)
+            case EmbedIndex(index=Fixed(index=k), dtype=t) if int(dtypes.wrap_int(t, k)) == k:
+                return Const(k, t)
             case Cast(x=x, dtype=t) if x.dtype is t:
                 return x
             case Unary(op=Unop.ID, x=x, to=None):

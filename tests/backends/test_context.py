@@ -197,7 +197,7 @@ def test_config_precedence(monkeypatch, tmp_path):
 
 
 def test_backend_selection(monkeypatch):
-    with pytest.raises(BackendUnavailable, match="unknown backend 'nope'; known backends: interp"):
+    with pytest.raises(BackendUnavailable, match="unknown backend 'nope'; known backends: .*interp"):
         Context("nope")
 
     class Broken:
@@ -211,8 +211,8 @@ def test_backend_selection(monkeypatch):
 
     monkeypatch.setattr(base, "_registry", dict(base._registry))
     register_backend("broken", Broken, preference=100)
-    assert base.registered_backends() == ("broken", "interp")
-    assert Context.auto().backend_name == "interp"  # the preferred backend is unavailable
+    assert base.registered_backends()[0] == "broken" and "interp" in base.registered_backends()
+    assert Context.auto().backend_name == base.best_available() != "broken"  # the preferred one is unavailable
     with pytest.raises(BackendUnavailable, match="backend 'broken' cannot run here: it is a test double"):
         Context("broken")
     monkeypatch.setenv("OCANNL_BACKEND", "interp")

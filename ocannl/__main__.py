@@ -1,0 +1,54 @@
+"""``python -m ocannl doctor``: which backends work here, and why not (shared/DESIGN.md §4).
+
+Lists every registered backend, most preferred first, as available or not with the backend's own
+reason (which, for an unavailable one, says how to fix it), then the backend ``Context.auto()``
+picks and the settings that change the choice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ocannl import config
+from ocannl.backends import base
+
+
+def doctor() -> int:
+    """Prints the report; the exit status is 0 when some backend works (interp always does)."""
+    print("ocannl backends (most preferred first):")
+    chosen = None
+    for name in base.registered_backends():
+        try:
+            ok, reason = base._registry[name].factory().available()
+        except Exception as e:  # a backend whose probe itself fails is reported, not fatal
+            ok, reason = False, f"its availability check failed: {type(e).__name__}: {e}"
+        if ok and chosen is None:
+            chosen = name
+        print(f"  {name:<8} {'available' if ok else 'unavailable'}: {reason}")
+    configured = config.get("backend")
+    if configured:
+        print(f"OCANNL_BACKEND={configured}: Context.auto() uses {configured}")
+    else:
+        print(f"Context.auto() picks: {chosen} (set OCANNL_BACKEND to choose another)")
+    if "c" in base.registered_backends():
+        from ocannl.backends.c.compiler import cache_dir, fast_mode
+
+        print(f"C kernel cache: {cache_dir() / 'c'} (OCANNL_CACHE_DIR moves it)")
+        mode = "fast (-march=native, contraction)" if fast_mode() else "deterministic, bit-identical to interp"
+        print(f"C flags: {mode} (OCANNL_C_FAST=1 for the fast setting)")
+    return 0 if chosen is not None else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ocannl", description="ocannl command-line tools")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("doctor", help="list the backends that work here, and why the others do not")
+    args = parser.parse_args(argv)
+    if args.command == "doctor":
+        return doctor()
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""The ``c`` backend: a routine's C source (emit.py), compiled into the kernel cache
+(compiler.py), loaded with ctypes and called on the context's numpy arrays in place.
+
+OpenMP threads sleep between parallel loops (``OMP_WAIT_POLICY=PASSIVE`` unless the environment
+says otherwise): spinning threads would compete with numpy's and torch's own thread pools.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Mapping
+
+import numpy as np
+
+from ocannl.backends.c.compiler import toolchain, compile_shared
+from ocannl.backends.c.emit import CSource, emit_c
+from ocannl.errors import BackendUnavailable, IndexBindingError, OutOfBoundsError
+from ocannl.lowlevel import dtypes
+from ocannl.lowlevel.indexing import IndexSymbol
+from ocannl.lowlevel.ir import RoutineIR
+from ocannl.lowlevel.tnode import TNode
+
+
+class CBackend:
+    """The ``c`` backend (registered in ``ocannl.backends.base``)."""
+
+    name = "c"
+
+    def available(self) -> tuple[bool, str]:
+        try:
+            tc = toolchain()
+        except BackendUnavailable as e:
+            return False, str(e)
+        extras = ", OpenMP" if tc.openmp else ", no OpenMP"
+        return True, f"{tc.description}, flags {' '.join(tc.flags)}{extras}"
+
+    def compile(self, routine: RoutineIR) -> CExecutable:
+        tc = toolchain()
+        source = emit_c(routine, parallel=tc.openmp)
+        return CExecutable(routine, source, compile_shared(source.text, tc))
+
+
+class CExecutable:
+    """A loaded kernel. ``run`` passes each buffer's memory (no copy) and the index symbols;
+    ``source`` is the C text, also written to the context's debug directory as ``<routine>.c``."""
+
+    def __init__(self, routine: RoutineIR, source: CSource, library: str):
+        self.routine = routine
+        self.source = source
+        self.debug_files = {".c": source.text}
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read when libgomp loads
+        self._library = ctypes.CDLL(str(library))
+        self._function = getattr(self._library, source.function)
+        self._function.restype = ctypes.c_int
+        self._function.argtypes = [ctypes.c_void_p] * len(source.nodes) + [ctypes.c_int] * len(source.symbols)
+        self._sizes = [n.size * n.dtype.lanes for n in source.nodes]
+
+    def run(self, buffers: Mapping[TNode, np.ndarray], bindings: Mapping[IndexSymbol, int]) -> None:
+        args: list[int] = []
+        spans = []
+        for node, size in zip(self.source.nodes, self._sizes):
+            array = buffers[node]
+            if array.dtype != node.dtype.storage or array.size != size or not array.flags.c_contiguous:
+                raise ValueError(
+                    f"the buffer of {node.debug_name} must be a C-contiguous {node.dtype.storage} array "
+                    f"of {size} elements, got {array.dtype} {array.shape}"
+                )
+            if not array.flags.writeable and node in self.routine.writes:
+                raise ValueError(f"the buffer of {node.debug_name} is read-only but routine {self.routine.name} writes it")
+            address = array.__array_interface__["data"][0]
+            args.append(address)
+            spans.append((address, address + array.nbytes, node))
+        _check_disjoint(spans)
+        for symbol in self.source.symbols:
+            value = int(bindings[symbol])
+            if value < 0 or (symbol.size is not None and value >= symbol.size):
+                raise IndexBindingError(f"index symbol {symbol.name} = {value} is outside [0, {symbol.size})")
+            args.append(value)
+        status = self._function(*args)
+        if status:
+            site = self.source.sites[status - 1]
+            if site.kind == "division":
+                raise ZeroDivisionError(site.message)
+            raise OutOfBoundsError(site.message)
+
+
+def _check_disjoint(spans: list[tuple[int, int, TNode]]) -> None:
+    """The kernel declares its pointers ``restrict``: two nodes must not share memory."""
+    spans = sorted((s for s in spans if s[1] > s[0]), key=lambda s: s[0])
+    for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
+        if start < end:
+            raise ValueError(f"the buffers of {a.debug_name} and {b.debug_name} overlap: give each node its own array")

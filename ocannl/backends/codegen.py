@@ -1,0 +1,977 @@
+"""The C-family code generator: one walk over the loop IR, shared by the C, Metal and Triton
+emitters (shared/STYLE.md, "a backend is small, and a renderer is a table"; spec/backend.md §7.1).
+
+:class:`Emitter` walks a :class:`~ocannl.lowlevel.ir.RoutineIR` and prints statements and
+expressions; every piece of language-specific text comes from a :class:`Syntax` table (type names,
+literals, the operator table, conversions, checked indices, the parallel-loop pragma). A backend
+supplies its table and wraps the printed body in its own function signature and launch code.
+
+What the walk decides for every language:
+
+* **Names.** Loop indices and locals are numbered as in the ``.ll`` printer (``i0``, ``v0``...),
+  so a generated source reads side by side with ``<routine>.ll``. Nodes keep their sanitized
+  :attr:`~ocannl.lowlevel.tnode.TNode.name`; static index symbols become ``_s_<name>``. Every
+  other identifier the walk invents starts with ``_`` (node names never do), so nothing a user
+  labels can clash with generated code.
+* **Offsets** are row-major linear forms over the loop indices (``x[12*i0 + 4*i1 + i2]``). An
+  axis index that the loop extents cannot prove inside its dimension is checked:
+  ``Load.oob_value`` reads become ``(in bounds ? x[...] : v)``; other accesses (dynamic positions
+  of ``oc.take``, index symbols of unknown size) go through the table's checked index, which
+  records a *site* number and clamps, and the runtime raises the site's error after the call.
+* **Evaluation order** follows the interpreter: ``where`` evaluates only its chosen branch; a
+  :class:`~ocannl.lowlevel.ir.LocalScope` runs its statements just before the statement that
+  uses it (a where branch holding one becomes an ``if``).
+* **Contractions** (:func:`plan_contraction`): a nest of parallel loops around reduction loops
+  accumulating into one cell per parallel iteration (matmul ``c[i,j] += a[i,k]*b[k,j]``) is
+  emitted as register tiles: ``mr x nr`` accumulators in scalar variables, the reduction loops
+  inside, the column loop unit-stride, the outermost reduction loop blocked for the cache. Each
+  cell still adds its terms in the interpreter's order (ascending reduction indices), so results
+  stay bit-identical; only which cell is worked on when changes.
+* **Parallel loops**: the outermost loop of a nest gets the table's parallel pragma (OpenMP in C)
+  when it is a parallel loop whose iterations write disjoint cells and read no cell another
+  iteration writes, and the nest does at least :data:`PARALLEL_MIN_WORK` innermost iterations.
+  Disjoint writes keep the results independent of the thread count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from ocannl.lowlevel import dtypes
+from ocannl.lowlevel.dtypes import DType
+from ocannl.lowlevel.indexing import Affine, AnySymbol, AxisIndex, Fixed, IndexSymbol, Iter, Symbol, index_bounds
+from ocannl.lowlevel.ir import (
+    Binary,
+    Cast,
+    Comment,
+    Const,
+    DeclareLocal,
+    EmbedIndex,
+    Expr,
+    Fill,
+    For,
+    GetLocal,
+    Load,
+    LoadDynamic,
+    Local,
+    LocalScope,
+    LoopKind,
+    Namer,
+    RoutineIR,
+    Seq,
+    SetLocal,
+    Stmt,
+    Store,
+    StoreDynamic,
+    Ternary,
+    Unary,
+    format_routine,
+    format_stmt,
+    iter_exprs,
+    iter_stmts,
+    stmt_exprs,
+)
+from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
+from ocannl.lowlevel.tnode import TNode
+
+PARALLEL_MIN_WORK = 1 << 17
+"""A loop nest gets a parallel pragma when it runs at least this many innermost iterations
+(about 0.1 ms of single-threaded work): below that, starting the threads costs more than it
+saves."""
+
+TILE_MIN_WORK = 4096
+"""A contraction is register-tiled when (parallel cells) x (reduction steps) reaches this; smaller
+ones print as plain loops, which read better and run as fast."""
+
+TILE_ROWS = 4
+TILE_BYTES = 64
+"""A register tile is ``TILE_ROWS`` cells of the row loop by ``TILE_BYTES / itemsize`` cells of
+the unit-stride column loop (4 x 16 floats): 64 independent accumulators, enough to hide the
+adder latency that an in-order sum per cell would otherwise expose."""
+
+REDUCTION_BLOCK = 128
+"""The reduction steps a tile runs before moving on to the next tile (cache blocking of the
+outermost reduction loop)."""
+
+
+class Syntax:
+    """The table of a C-family language: everything the walk prints that is not structure.
+
+    Methods receive already-printed operand text. ``dtype`` arguments are compute types
+    (dtypes.py) except for :meth:`storage_type`, :meth:`from_storage` and :meth:`to_storage`.
+    """
+
+    index_type = "int"
+    index_dtype = dtypes.int32
+    """The type of loop indices and offsets, in the language and as a precision."""
+    restrict = "restrict"
+
+    def storage_type(self, dtype: DType) -> str:
+        raise NotImplementedError
+
+    def compute_type(self, dtype: DType) -> str:
+        raise NotImplementedError
+
+    def literal(self, value: float | int | tuple[int, ...], dtype: DType) -> str:
+        raise NotImplementedError
+
+    def unary(self, op: Unop, dtype: DType, x: str) -> str:
+        raise NotImplementedError
+
+    def binary(self, op: Binop, dtype: DType, a: str, b: str) -> str:
+        raise NotImplementedError
+
+    def int_division(self, op: Binop, dtype: DType, a: str, b: str, site: int) -> str:
+        """Integer ``div``/``mod``, which must report a zero divisor as error ``site``."""
+        raise NotImplementedError
+
+    def ternary(self, op: Ternop, dtype: DType, a: str, b: str, c: str) -> str:
+        raise NotImplementedError
+
+    def where(self, cond: str, a: str, b: str) -> str:
+        raise NotImplementedError
+
+    def cast(self, x: str, source: DType, target: DType) -> str:
+        raise NotImplementedError
+
+    def from_storage(self, dtype: DType, cell: str) -> str:
+        """A stored cell of a ``dtype`` node as a value of ``dtype.compute``."""
+        raise NotImplementedError
+
+    def to_storage(self, dtype: DType, value: str) -> str:
+        """A ``dtype.compute`` value rounded to what a ``dtype`` node stores."""
+        raise NotImplementedError
+
+    def checked_index(self, index: str, extent: int, site: int) -> str:
+        """``index`` if it is in ``[0, extent)``; otherwise records error ``site`` and gives 0."""
+        raise NotImplementedError
+
+    def parallel_for(self, collapse: int) -> str | None:
+        """The line put before a parallel loop (``None``: the language has no such loops)."""
+        return None
+
+    def reserved_name(self, name: str) -> bool:
+        """Whether a node may not be called ``name`` in this language (beyond the keywords that
+        ``tnode.py`` already avoids), e.g. because a header defines it as a macro."""
+        return False
+
+
+@dataclass(frozen=True)
+class Site:
+    """A runtime check of the generated code: ``kind`` is ``"index"`` or ``"division"``."""
+
+    kind: str
+    message: str
+
+
+# ---------------------------------------------------------------------------------------------
+# Contractions
+
+
+@dataclass(frozen=True)
+class ContractionPlan:
+    """How :meth:`Emitter.contraction` prints one contraction nest (see :func:`plan_contraction`).
+
+    ``parallel`` are the loops that index the written cell, ``reductions`` the others, each in
+    nest order (the order of ``reductions`` is each cell's summation order and never changes).
+    ``rows`` and ``cols`` are the parallel loops tiled ``mr x nr`` (``cols`` unit-stride),
+    ``outer`` the other parallel loops; the first reduction loop runs in blocks of ``block`` steps
+    when ``block`` is set. The accumulator of a cell starts from the cell itself (after ``reset``,
+    hoisted into a nest of its own, when there is one), or, when ``scope`` is set, from ``init``
+    in that local scope's variable, and the store's value is then computed from it.
+    """
+
+    nest: For
+    parallel: tuple[tuple[Symbol, int], ...]
+    outer: tuple[tuple[Symbol, int], ...]
+    rows: tuple[Symbol, int] | None
+    cols: tuple[Symbol, int] | None
+    mr: int
+    nr: int
+    reductions: tuple[tuple[Symbol, int], ...]
+    block: int | None
+    store: Store
+    op: Binop
+    term: Expr
+    reset: Const | None = None
+    scope: LocalScope | None = None
+    init: Const | None = None
+
+    @property
+    def work(self) -> int:
+        return _product(n for _, n in self.parallel) * _product(n for _, n in self.reductions)
+
+    @property
+    def accumulator_dtype(self) -> DType:
+        return self.scope.local.dtype if self.scope is not None else self.store.tnode.dtype.compute
+
+
+def plan_contraction(loop: For) -> ContractionPlan | None:
+    """The register-tiling plan of the nest headed by ``loop``, or ``None`` when it is not a
+    contraction worth tiling.
+
+    A contraction accumulates into one cell per iteration of its *parallel* loops, the loops
+    that index the written cell, over its *reduction* loops. Three forms reach the emitter:
+
+    * a perfect nest of loops, in any order, around ``out[I] := out[I] <op> term`` (``I`` indexed
+      by the parallel loops only; gradients put the batch reduction outermost);
+    * parallel loops around ``out[I] := neutral`` followed by reduction loops around that store
+      (the lowering of ``=:+``);
+    * parallel loops around ``out[I] := f(v { v := init; <reduction loops> { v := v <op> term } })``
+      (a reduction inlined into its consumer by the optimizer).
+
+    ``term`` must not read ``out`` nor use other locals. Each parallel iteration owns its cell, so
+    cells can be computed in any order, and in registers, as long as each cell's own steps keep
+    their order: reduction loops stay in their nest order, inside the parallel ones.
+    """
+    chain, body = _perfect_chain(loop)
+    reset: Const | None = None
+    scope: LocalScope | None = None
+    init: Const | None = None
+    if isinstance(body, Seq) and len(body.stmts) == 2 and isinstance(body.stmts[0], Store):
+        first, rest = body.stmts
+        if not isinstance(first.value, Const) or not isinstance(rest, For) or first.skip_oob:
+            return None
+        reset = first.value
+        more, body = _perfect_chain(rest)
+        chain = chain + more
+        if not isinstance(body, Store) or (first.tnode, first.indices) != (body.tnode, body.indices):
+            return None
+    if not isinstance(body, Store) or body.skip_oob:
+        return None
+    store = body
+    out, idx, value = store.tnode, store.indices, store.value
+    bare = {i.symbol for i in idx if isinstance(i, Iter)}
+    used = {x for i in idx for x in _index_symbols(i)}
+    parallel = [(s, n) for s, n in chain if s in bare]
+    reductions = [(s, n) for s, n in chain if s not in used]
+    if len(parallel) + len(reductions) != len(chain):
+        return None
+    if reset is not None and chain[: len(parallel)] != parallel:
+        return None
+    scopes = [e for e in iter_exprs(value) if isinstance(e, LocalScope)]
+    if not reductions and len(scopes) == 1:  # the third form
+        scope = scopes[0]
+        local = scope.local
+        steps = list(scope.body.stmts) if isinstance(scope.body, Seq) else [scope.body]
+        first_step = steps[0]
+        if isinstance(first_step, SetLocal) and first_step.local is local and isinstance(first_step.value, Const):
+            init = first_step.value
+            steps = steps[1:]
+        if len(steps) != 1:
+            return None
+        reductions, update = _perfect_chain(steps[0])
+        if not (
+            isinstance(update, SetLocal)
+            and update.local is local
+            and isinstance(update.value, Binary)
+            and update.value.a == GetLocal(local)
+        ):
+            return None
+        op, term = update.value.op, update.value.b
+        for e in iter_exprs(value):
+            if isinstance(e, GetLocal) or (isinstance(e, (Load, LoadDynamic)) and e.tnode is out and e.indices != idx):
+                return None
+    elif isinstance(value, Binary) and value.a == Load(out, idx) and not scopes:
+        op, term = value.op, value.b
+    else:
+        return None
+    for e in iter_exprs(term):
+        if isinstance(e, (GetLocal, LocalScope)) or (isinstance(e, (Load, LoadDynamic)) and e.tnode is out):
+            return None
+    if not reductions or any(x in used for x, _ in reductions):
+        return None
+    p_volume = _product(n for _, n in parallel)
+    r_volume = _product(n for _, n in reductions)
+    if not parallel or p_volume < 8 or r_volume < 4 or p_volume * r_volume < TILE_MIN_WORK:
+        return None
+
+    cols = _choose_cols(parallel, idx, term)
+    others = [p for p in parallel if cols is None or p[0] is not cols[0]]
+    rows = others[-1] if others else None
+    outer = tuple(p for p in others if rows is None or p[0] is not rows[0])
+    itemsize = (scope.local.dtype if scope is not None else out.dtype.compute).itemsize
+    nr = min(TILE_BYTES // itemsize, cols[1]) if cols else 1
+    mr = min(TILE_ROWS, rows[1]) if rows else 1
+    inner = _product(n for _, n in reductions[1:])
+    block = max(1, REDUCTION_BLOCK // inner)
+    return ContractionPlan(
+        nest=loop,
+        parallel=tuple(parallel),
+        outer=outer,
+        rows=rows,
+        cols=cols,
+        mr=mr,
+        nr=nr,
+        reductions=tuple(reductions),
+        block=block if block < reductions[0][1] else None,
+        store=store,
+        op=op,
+        term=term,
+        reset=reset,
+        scope=scope,
+        init=init,
+    )
+
+
+def _choose_cols(
+    parallel: list[tuple[Symbol, int]], out_idx: tuple[AxisIndex, ...], term: Expr
+) -> tuple[Symbol, int] | None:
+    """The column (vector) loop: the one indexing the result's last axis, where cells are
+    adjacent; else the one indexing the last axis of the most loads of ``term``."""
+    by_symbol = {s: (s, n) for s, n in parallel}
+    if out_idx and isinstance(out_idx[-1], Iter) and out_idx[-1].symbol in by_symbol:
+        return by_symbol[out_idx[-1].symbol]
+    counts: dict[Symbol, int] = {}
+    for e in iter_exprs(term):
+        if isinstance(e, Load) and e.indices and isinstance(e.indices[-1], Iter):
+            s = e.indices[-1].symbol
+            if s in by_symbol:
+                counts[s] = counts.get(s, 0) + 1
+    if not counts:
+        return None
+    return by_symbol[max(counts, key=lambda s: counts[s])]
+
+
+def _perfect_chain(stmt: Stmt, kind: LoopKind | None = None) -> tuple[list[tuple[Symbol, int]], Stmt]:
+    """The loops directly nested from ``stmt`` down (of ``kind`` when given), and the body
+    inside them."""
+    loops = []
+    while isinstance(stmt, For) and (kind is None or stmt.kind is kind):
+        loops.append((stmt.symbol, stmt.extent))
+        stmt = stmt.body
+    return loops, stmt
+
+
+def _product(values: Iterable[int]) -> int:
+    n = 1
+    for v in values:
+        n *= v
+    return n
+
+
+def _index_symbols(idx: AxisIndex) -> tuple[AnySymbol, ...]:
+    if isinstance(idx, Iter):
+        return (idx.symbol,)
+    if isinstance(idx, Affine):
+        return tuple(s for _, s in idx.terms)
+    return ()
+
+
+def work(stmt: Stmt) -> int:
+    """The number of innermost statement executions of ``stmt`` (a loop nest's cost)."""
+    match stmt:
+        case For(extent=n, body=body):
+            return n * work(body)
+        case Seq(stmts=stmts):
+            return sum(work(s) for s in stmts)
+        case Fill(tnode=t):
+            return t.size
+    return 1
+
+
+def parallel_safe(loop: For) -> bool:
+    """Whether the iterations of ``loop`` may run concurrently: it is a parallel loop (its stores
+    index their node by the loop's own index, so iterations write disjoint cells), and every node
+    it writes is read back only at the cell the same iteration writes."""
+    if loop.kind is not LoopKind.PARALLEL:
+        return False
+    written: dict[TNode, set[tuple[AxisIndex, ...]]] = {}
+    for s in iter_stmts(loop.body):
+        if isinstance(s, Fill):
+            return False
+        if isinstance(s, (Store, StoreDynamic)):
+            written.setdefault(s.tnode, set()).add(s.indices if isinstance(s, Store) else None)
+    for s in iter_stmts(loop.body):
+        for e in (sub for top in stmt_exprs(s) for sub in iter_exprs(top)):
+            if isinstance(e, LoadDynamic) and e.tnode in written:
+                return False
+            if isinstance(e, Load) and e.tnode in written:
+                if written[e.tnode] != {e.indices}:
+                    return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# The walk
+
+
+@dataclass
+class _Output:
+    """Printed lines, each already indented."""
+
+    lines: list[str] = field(default_factory=list)
+
+
+class Emitter:
+    """Prints one routine's body through a :class:`Syntax` table.
+
+    After :meth:`body`, :attr:`sites` lists the runtime checks (site ``k`` is reported as
+    ``k + 1``), :attr:`functions` the helper functions the body calls (register-tiled
+    contractions, printed by :meth:`contraction`), and :attr:`nodes`/:attr:`symbols` the
+    buffers and index symbols the routine takes, each with its printed name.
+    """
+
+    def __init__(
+        self,
+        syntax: Syntax,
+        routine: RoutineIR,
+        *,
+        function_name: str = "routine",
+        reserved: Iterable[str] = (),
+        parallel: bool = True,
+        tile_function: Callable[[Emitter, str, list[str], list[str]], list[str]] | None = None,
+    ):
+        """``function_name``: the routine's function, also the prefix of its helper functions'
+        names; ``reserved``: other identifiers node names must avoid.
+        ``tile_function(emitter, name, params, body)`` wraps a contraction's lines in a helper
+        function of the language; without it, contractions print inline."""
+        self.syntax = syntax
+        self.function_name = function_name
+        self.routine = routine
+        self.parallel = parallel
+        self.tile_function = tile_function
+        self.namer = Namer()
+        format_routine(routine, self.namer)  # number loops and locals exactly as the .ll file
+        nodes = dict.fromkeys(routine.reads + routine.writes)
+        for s in iter_stmts(routine.body):
+            if isinstance(s, Fill):
+                nodes[s.tnode] = None
+        taken = set(reserved) | {function_name}
+        self.nodes: dict[TNode, str] = {}
+        for node in sorted(nodes, key=lambda n: (n.name, n.id)):
+            name = node.name
+            if name in taken or name.lower().startswith(("ocannl", f"{function_name}_tile")) or syntax.reserved_name(name):
+                name = f"{name}_{node.id}"
+            taken.add(name)
+            self.nodes[node] = name
+        self.written = set(routine.writes)
+        self.symbols: dict[IndexSymbol, str] = {
+            s: f"_s_{s.name}" for s in sorted(routine.static_symbols, key=lambda s: s.name)
+        }
+        self.sites: list[Site] = []
+        self.functions: list[list[str]] = []
+        self._out = _Output()
+        self._depth = 1
+        self._extents: dict[Symbol, int] = {}
+        self._env: dict[Symbol, tuple[str | None, int]] = {}
+        self._statement: Stmt | None = None
+        self._in_parallel = False
+        self._in_scope = 0
+        self._temps = 0
+        self._declared: set[Local] = set()
+        self._scope_values: dict[int, str] = {}  # id(scope) -> its value in a tile
+
+    # -- output ----------------------------------------------------------------------------------
+
+    def line(self, text: str) -> None:
+        self._out.lines.append("  " * self._depth + text)
+
+    def body(self) -> list[str]:
+        """The lines of the routine's body (indented one level)."""
+        self.stmt(self.routine.body)
+        return self._out.lines
+
+    def site(self, kind: str, message: str) -> int:
+        """The number of the runtime check ``message`` (reused when already registered)."""
+        s = Site(kind, f"{message} in routine {self.routine.name}")
+        if s not in self.sites:
+            self.sites.append(s)
+        return self.sites.index(s) + 1
+
+    # -- statements ------------------------------------------------------------------------------
+
+    def stmt(self, s: Stmt) -> None:
+        match s:
+            case Seq(stmts=stmts):
+                for x in stmts:
+                    self.stmt(x)
+            case Comment(text=text):
+                self.line(f"/* {comment_text(text)} */")
+            case For():
+                self.for_loop(s)
+            case Store(tnode=node, indices=indices, value=value, skip_oob=True):
+                self._statement = s
+                conditions = self.bounds_conditions(node, indices)
+                if not conditions:
+                    self.stmt(Store(node, indices, value))
+                    return
+                self.line(f"if ({conditions}) {{  /* a store into the margin does nothing */")
+                self._depth += 1
+                self.with_prelude(lambda: f"{self.access(node, indices, unchecked=True)} = {self.stored(node, value)};")
+                self._depth -= 1
+                self.line("}")
+            case Store(tnode=node, indices=indices, value=value):
+                self._statement = s
+                self.with_prelude(lambda: f"{self.access(node, indices)} = {self.stored(node, value)};")
+            case StoreDynamic(tnode=node, axis=axis, position=position, indices=indices, value=value):
+                self._statement = s
+
+                def text() -> str:
+                    cell = self.access(node, indices, dynamic=(axis, position))
+                    return f"{cell} = {self.stored(node, value)};"
+
+                self.with_prelude(text)
+            case Fill(tnode=node, value=value):
+                self._statement = s
+                stored = self.stored(node, value)
+                if node.size == 1:
+                    self.line(f"{self.nodes[node]}[0] = {stored};")
+                else:
+                    it = self.syntax.index_type
+                    self.line(f"for ({it} _n = 0; _n < {node.size}; ++_n) {self.nodes[node]}[_n] = {stored};")
+            case DeclareLocal(local=local):
+                self.declare(local)
+            case SetLocal(local=local, value=value):
+                self._statement = s
+                self.with_prelude(lambda: f"{self.namer.local(local)} = {self.expr(value)};")
+            case _:
+                raise TypeError(f"not a loop IR statement: {s!r}")
+
+    def declare(self, local: Local) -> None:
+        name = self.namer.local(local)
+        zero = self.syntax.literal(_zero(local.dtype), local.dtype)
+        if local in self._declared:
+            self.line(f"{name} = {zero};")
+        else:
+            self._declared.add(local)
+            self.line(f"{self.syntax.compute_type(local.dtype)} {name} = {zero};")
+
+    def with_prelude(self, build: Callable[[], str]) -> None:
+        """Prints the statement ``build()`` returns, preceded (inside a block) by the lines its
+        expressions need first (local scopes, branches of a where holding them)."""
+        saved, declared = self._out, set(self._declared)
+        self._out = _Output()
+        self._depth += 1
+        text = build()
+        self._depth -= 1
+        prelude, self._out = self._out.lines, saved
+        if not prelude:
+            self.line(text)
+            return
+        self._declared = declared
+        self.line("{")
+        self._out.lines.extend(prelude)
+        self._depth += 1
+        self.line(text)
+        self._depth -= 1
+        self.line("}")
+
+    def for_loop(self, loop: For) -> None:
+        if not self._in_scope and self._env == {}:
+            plan = plan_contraction(loop)
+            if plan is not None:
+                self.contraction(plan)
+                return
+        pragma = None
+        if self.parallel and not self._in_parallel and not self._in_scope and work(loop) >= PARALLEL_MIN_WORK:
+            if parallel_safe(loop):
+                pragma = self.syntax.parallel_for(1)
+        if pragma:
+            self.line(pragma)
+        var = self.namer.symbol(loop.symbol)
+        it = self.syntax.index_type
+        self.line(f"for ({it} {var} = 0; {var} < {loop.extent}; ++{var}) {{")
+        self._depth += 1
+        self._extents[loop.symbol] = loop.extent
+        was_parallel, self._in_parallel = self._in_parallel, self._in_parallel or bool(pragma)
+        declared = set(self._declared)
+        self.stmt(loop.body)
+        self._declared = declared
+        self._in_parallel = was_parallel
+        del self._extents[loop.symbol]
+        self._depth -= 1
+        self.line("}")
+
+    # -- contractions ----------------------------------------------------------------------------
+
+    def contraction(self, plan: ContractionPlan) -> None:
+        """Prints a contraction as register tiles (see :func:`plan_contraction`); through
+        ``tile_function`` the tiles live in a helper function the body calls."""
+        saved_out, saved_depth = self._out, self._depth
+        self._out, self._depth = _Output(), 1 if self.tile_function else self._depth
+        self._statement = plan.store
+        store = plan.store
+        self.line(
+            f"/* {comment_text(format_stmt(store, self.namer))} in {plan.mr}x{plan.nr} register tiles; "
+            "each cell sums in loop order */"
+        )
+        if plan.reset is not None:
+            reset = Store(store.tnode, store.indices, plan.reset)
+            for s, n in reversed(plan.parallel):
+                reset = For(s, n, reset, LoopKind.PARALLEL)
+            self._in_scope += 1  # the reset nest prints as plain loops
+            self.stmt(reset)
+            self._in_scope -= 1
+        it = self.syntax.index_type
+        first, first_extent = plan.reductions[0]
+        k = self.namer.symbol(first)
+        blocked = plan.block is not None
+        if blocked:
+            self.line(f"for ({it} _{k} = 0; _{k} < {first_extent}; _{k} += {plan.block}) {{")
+            self._depth += 1
+            if first_extent % plan.block:
+                self.line(
+                    f"const {it} _end_{k} = _{k} + {plan.block} < {first_extent} ? _{k} + {plan.block} : {first_extent};"
+                )
+        for row_range in _ranges(plan.rows, plan.mr):
+            for col_range in _ranges(plan.cols, plan.nr):
+                self._tile_nest(plan, row_range, col_range)
+        if blocked:
+            self._depth -= 1
+            self.line("}")
+        lines, self._out, self._depth = self._out.lines, saved_out, saved_depth
+        if self.tile_function is None:
+            self._out.lines.extend("  " * (self._depth - 1) + x for x in lines)
+            return
+        name = f"{self.function_name}_tile{len(self.functions)}"
+        params, args = self._tile_params(plan.nest)
+        self.functions.append(self.tile_function(self, name, params, lines))
+        self.line(f"{name}({', '.join(args)});")
+
+    def _tile_params(self, nest: For) -> tuple[list[str], list[str]]:
+        """The parameters of a contraction's helper function (nodes, index symbols, enclosing
+        loop indices) and the arguments passing them."""
+        nodes: dict[TNode, None] = {}
+        symbols: dict[AnySymbol, None] = {}
+        for s in iter_stmts(nest):
+            exprs = [sub for e in stmt_exprs(s) for sub in iter_exprs(e)]
+            if isinstance(s, (Store, StoreDynamic)):
+                nodes[s.tnode] = None
+                symbols.update((x, None) for i in s.indices for x in _index_symbols(i))
+            for e in exprs:
+                if isinstance(e, (Load, LoadDynamic)):
+                    nodes[e.tnode] = None
+                    symbols.update((x, None) for i in e.indices for x in _index_symbols(i))
+                elif isinstance(e, EmbedIndex):
+                    symbols.update((x, None) for x in _index_symbols(e.index))
+        params, args = [], []
+        for node in sorted(nodes, key=lambda n: self.nodes[n]):
+            params.append(self.pointer_param(node))
+            args.append(self.nodes[node])
+        free = [s for s in symbols if isinstance(s, Symbol) and s in self._extents]
+        for s in sorted((s for s in symbols if isinstance(s, IndexSymbol)), key=lambda s: s.name):
+            params.append(f"{self.syntax.index_type} {self.symbols[s]}")
+            args.append(self.symbols[s])
+        for s in free:
+            params.append(f"{self.syntax.index_type} {self.namer.symbol(s)}")
+            args.append(self.namer.symbol(s))
+        params.append("int *_status")
+        args.append("_status")
+        return params, args
+
+    def pointer_param(self, node: TNode) -> str:
+        const = "" if node in self.written else "const "
+        return f"{const}{self.syntax.storage_type(node.dtype)} *{self.syntax.restrict} {self.nodes[node]}"
+
+    def _tile_nest(self, plan: ContractionPlan, rows: tuple, cols: tuple) -> None:
+        """One nest of equal tiles: ``rows``/``cols`` are ``("loop", stop, step)`` (tiles at
+        ``0, step, ... < stop``) or ``("at", start, size)`` (one tile)."""
+        it = self.syntax.index_type
+        loops: list[str] = []
+        env: dict[Symbol, tuple[str | None, int]] = {}
+        extents = dict(plan.outer)
+        for s, n in plan.parallel:
+            if any(s is o for o, _ in plan.outer):
+                var = self.namer.symbol(s)
+                loops.append(f"for ({it} {var} = 0; {var} < {n}; ++{var}) {{")
+        sizes = []
+        for axis, rng in ((plan.rows, rows), (plan.cols, cols)):
+            if axis is None:
+                sizes.append(1)
+                continue
+            s, n = axis
+            extents[s] = n
+            if rng[0] == "loop":
+                base = f"_{self.namer.symbol(s)}"
+                loops.append(f"for ({it} {base} = 0; {base} < {rng[1]}; {base} += {rng[2]}) {{")
+                env[s] = (base, 0)
+                sizes.append(rng[2])
+            else:
+                env[s] = (None, rng[1])
+                sizes.append(rng[2])
+        mr, nr = sizes
+        pragma = None
+        if self.parallel and not self._in_parallel and loops and plan.work >= PARALLEL_MIN_WORK:
+            pragma = self.syntax.parallel_for(len(loops))
+        if pragma:
+            self.line(pragma)
+        for text in loops or ["{"]:
+            self.line(text)
+            self._depth += 1
+        self._extents.update(extents)
+        out, idx = plan.store.tnode, plan.store.indices
+        acc_dtype = plan.accumulator_dtype
+        ctype = self.syntax.compute_type(acc_dtype)
+        cells = [(r, q) for r in range(mr) for q in range(nr)]
+
+        def cell_env(r: int, q: int) -> dict[Symbol, tuple[str | None, int]]:
+            e = dict(env)
+            for axis, offset in ((plan.rows, r), (plan.cols, q)):
+                if axis is not None:
+                    base, start = env[axis[0]]
+                    e[axis[0]] = (base, start + offset)
+            return e
+
+        def acc(r: int, q: int) -> str:
+            return f"_c{r}_{q}"
+
+        for r, q in cells:
+            self._env = cell_env(r, q)
+            if plan.scope is not None:
+                first = self.syntax.literal(plan.init.value if plan.init else _zero(acc_dtype), acc_dtype)
+            else:
+                first = self.syntax.from_storage(out.dtype, self.access(out, idx))
+            self.line(f"{ctype} {acc(r, q)} = {first};")
+        depth_before = self._depth
+        for n_loop, (s, n) in enumerate(plan.reductions):
+            var = self.namer.symbol(s)
+            self._extents[s] = n
+            if n_loop == 0 and plan.block is not None:
+                end = f"_end_{var}" if n % plan.block else f"_{var} + {plan.block}"
+                self.line(f"for ({it} {var} = _{var}; {var} < {end}; ++{var}) {{")
+            else:
+                self.line(f"for ({it} {var} = 0; {var} < {n}; ++{var}) {{")
+            self._depth += 1
+        for r, q in cells:
+            self._env = cell_env(r, q)
+            term = self.expr(plan.term)
+            value = self.syntax.binary(plan.op, acc_dtype, acc(r, q), term)
+            if plan.scope is None and out.dtype.compute is not out.dtype:  # each step rounds, as a store
+                value = self.syntax.from_storage(out.dtype, self.syntax.to_storage(out.dtype, value))
+            self.line(f"{acc(r, q)} = {value};")
+        while self._depth > depth_before:
+            self._depth -= 1
+            self.line("}")
+        for s, _ in plan.reductions:
+            del self._extents[s]
+        for r, q in cells:
+            self._env = cell_env(r, q)
+            if plan.scope is not None:
+                self._scope_values[id(plan.scope)] = acc(r, q)
+                self.line(f"{self.access(out, idx)} = {self.stored(out, plan.store.value)};")
+            else:
+                self.line(f"{self.access(out, idx)} = {self.syntax.to_storage(out.dtype, acc(r, q))};")
+        self._scope_values.clear()
+        self._env = {}
+        for s in extents:
+            self._extents.pop(s, None)
+        for _ in loops or ["{"]:
+            self._depth -= 1
+            self.line("}")
+
+    # -- expressions -----------------------------------------------------------------------------
+
+    def stored(self, node: TNode, value: Expr) -> str:
+        return self.syntax.to_storage(node.dtype, self.expr(value))
+
+    def expr(self, e: Expr) -> str:
+        syn = self.syntax
+        match e:
+            case Const(value=value, dtype=dtype):
+                return syn.literal(value, dtype)
+            case Load(tnode=node, indices=indices, oob_value=None):
+                return syn.from_storage(node.dtype, self.access(node, indices))
+            case Load(tnode=node, indices=indices, oob_value=oob):
+                conditions = self.bounds_conditions(node, indices)
+                cell = syn.from_storage(node.dtype, self.access(node, indices, unchecked=True))
+                if not conditions:
+                    return cell
+                outside = syn.literal(oob, node.dtype.compute)
+                return f"(({conditions}) ? {cell} : {outside})"
+            case LoadDynamic(tnode=node, axis=axis, position=position, indices=indices):
+                return syn.from_storage(node.dtype, self.access(node, indices, dynamic=(axis, position)))
+            case Unary(op=op, x=x):
+                return syn.unary(op, e.dtype, self.expr(x))
+            case Binary(op=op, a=a, b=b):
+                left, right = self.expr(a), self.expr(b)
+                if op in (Binop.DIV, Binop.MOD) and not e.dtype.is_float:
+                    where = format_stmt(self._statement, self.namer) if self._statement else "?"
+                    site = self.site("division", f"integer {op.value} by zero in `{where}`")
+                    return syn.int_division(op, e.dtype, left, right, site)
+                return syn.binary(op, e.dtype, left, right)
+            case Ternary(op=Ternop.WHERE, a=a, b=b, c=c):
+                return self.where(a, b, c)
+            case Ternary(op=op, a=a, b=b, c=c):
+                return syn.ternary(op, e.dtype, self.expr(a), self.expr(b), self.expr(c))
+            case Cast(x=x, dtype=dtype):
+                return syn.cast(self.expr(x), x.dtype, dtype)
+            case EmbedIndex(index=index, dtype=dtype):
+                return syn.cast(self.axis_value(index), syn.index_dtype, dtype)
+            case GetLocal(local=local):
+                return self.namer.local(local)
+            case LocalScope() if id(e) in self._scope_values:
+                return self._scope_values[id(e)]
+            case LocalScope(local=local, body=body):
+                self.declare(local)
+                self._in_scope += 1
+                statement = self._statement
+                self.stmt(body)
+                self._statement = statement
+                self._in_scope -= 1
+                return self.namer.local(local)
+        raise TypeError(f"not a loop IR expression: {e!r}")
+
+    def bounds_conditions(self, node: TNode, indices: tuple[AxisIndex, ...]) -> str:
+        """The test that ``indices`` are inside ``node`` (only the axes not provably so), or ``""``."""
+        return " && ".join(
+            f"{i} >= 0 && {i} < {d}"
+            for idx, d in zip(indices, node.dims)
+            if not self.provably_within(idx, d)
+            for i in [self.axis_value(idx)]
+        )
+
+    def where(self, cond: Expr, then: Expr, other: Expr) -> str:
+        """``where`` evaluates only the chosen branch: a conditional expression, or an ``if``
+        when a branch needs statements first."""
+        c = self.expr(cond)
+        zero = self.syntax.literal(_zero(cond.dtype), cond.dtype)
+        test = f"{c} != {zero}"
+        branches = []
+        for branch in (then, other):
+            saved = self._out
+            self._out = _Output()
+            self._depth += 1
+            text = self.expr(branch)
+            self._depth -= 1
+            branches.append((self._out.lines, text))
+            self._out = saved
+        if not branches[0][0] and not branches[1][0]:
+            return self.syntax.where(test, branches[0][1], branches[1][1])
+        temp = f"_w{self._temps}"
+        self._temps += 1
+        self.line(f"{self.syntax.compute_type(then.dtype)} {temp};")
+        for k, (lines, text) in enumerate(branches):
+            self.line(f"if ({test}) {{" if k == 0 else "} else {")
+            self._out.lines.extend(lines)
+            self.line(f"  {temp} = {text};")
+        self.line("}")
+        return temp
+
+    # -- indices ---------------------------------------------------------------------------------
+
+    def symbol_text(self, s: AnySymbol) -> tuple[str | None, int]:
+        if isinstance(s, IndexSymbol):
+            return self.symbols[s], 0
+        return self._env.get(s, (self.namer.symbol(s), 0))
+
+    def linear(self, terms: Iterable[tuple[int, AnySymbol]], constant: int) -> str:
+        """``sum(c * symbol) + constant`` printed with the current symbol texts."""
+        coefficients: dict[str, int] = {}
+        for c, s in terms:
+            base, offset = self.symbol_text(s)
+            constant += c * offset
+            if base is not None:
+                coefficients[base] = coefficients.get(base, 0) + c
+        parts = []
+        for base, c in coefficients.items():
+            if c == 0:
+                continue
+            term = base if abs(c) == 1 else f"{abs(c)}*{base}"
+            parts.append(("-" if c < 0 else "+", term))
+        if constant:
+            parts.append(("-" if constant < 0 else "+", str(abs(constant))))
+        if not parts:
+            return "0"
+        text = ("-" if parts[0][0] == "-" else "") + parts[0][1]
+        for sign, term in parts[1:]:
+            text += f" {sign} {term}"
+        return text
+
+    def axis_value(self, idx: AxisIndex) -> str:
+        """The value of one axis index, parenthesized unless it is a single name or number."""
+        match idx:
+            case Fixed(index=i):
+                return self.linear((), i)
+            case Iter(symbol=s):
+                text = self.linear(((1, s),), 0)
+            case Affine(terms=terms, offset=offset):
+                text = self.linear(terms, offset)
+            case _:
+                raise TypeError(f"not an axis index: {idx!r}")
+        return text if text.replace("_", "a").isalnum() else f"({text})"
+
+    def provably_within(self, idx: AxisIndex, dim: int) -> bool:
+        def bounds(s: AnySymbol) -> tuple[int, int] | None:
+            if isinstance(s, IndexSymbol):
+                return None if s.size is None else (0, s.size - 1)
+            return (0, self._extents[s] - 1) if s in self._extents else None
+
+        b = index_bounds(idx, bounds)
+        return b is not None and 0 <= b[0] and b[1] < dim
+
+    def access(
+        self,
+        node: TNode,
+        indices: tuple[AxisIndex, ...],
+        *,
+        dynamic: tuple[int, Expr] | None = None,
+        unchecked: bool = False,
+    ) -> str:
+        """``name[offset]``: the row-major offset of ``indices`` (with the dynamic axis and its
+        position expression inserted), each axis not provably in bounds checked."""
+        axes: list[AxisIndex | Expr] = list(indices)
+        if dynamic is not None:
+            axes.insert(dynamic[0], dynamic[1])
+        dims = node.dims
+        strides = [_product(dims[k + 1 :]) for k in range(len(dims))]
+        terms: list[tuple[int, AnySymbol]] = []
+        constant = 0
+        checked: list[str] = []
+        where = None
+        for axis, d, stride in zip(axes, dims, strides):
+            if not isinstance(axis, (Fixed, Iter, Affine)):
+                position = self.expr(axis)
+                where = where or (format_stmt(self._statement, self.namer) if self._statement else "?")
+                site = self.site("index", f"a dynamic index into {node.debug_name} (dims {dims}) is out of bounds in `{where}`")
+                checked.append(_scaled(stride, self.syntax.checked_index(position, d, site)))
+            elif unchecked or self.provably_within(axis, d):
+                match axis:
+                    case Fixed(index=i):
+                        constant += stride * i
+                    case Iter(symbol=s):
+                        terms.append((stride, s))
+                    case Affine(terms=ts, offset=off):
+                        terms.extend((stride * c, s) for c, s in ts)
+                        constant += stride * off
+            else:
+                where = where or (format_stmt(self._statement, self.namer) if self._statement else "?")
+                site = self.site("index", f"an index into {node.debug_name} (dims {dims}) is out of bounds in `{where}`")
+                checked.append(_scaled(stride, self.syntax.checked_index(self.axis_value(axis), d, site)))
+        offset = self.linear(terms, constant)
+        if checked:
+            offset = " + ".join(([] if offset == "0" else [offset]) + checked)
+        return f"{self.nodes[node]}[{offset}]"
+
+
+def _scaled(stride: int, text: str) -> str:
+    return text if stride == 1 else f"{stride}*{text}"
+
+
+def _ranges(axis: tuple[Symbol, int] | None, size: int) -> list[tuple]:
+    """The tile ranges along one axis: full tiles as a loop, then one narrower tile for the
+    remainder."""
+    if axis is None:
+        return [("at", 0, 1)]
+    n = axis[1]
+    full = n - n % size
+    ranges: list[tuple] = []
+    if full:
+        ranges.append(("loop", full, size) if full > size else ("at", 0, size))
+    if n % size:
+        ranges.append(("at", full, n % size))
+    return ranges
+
+
+def _zero(dtype: DType) -> float | int | tuple[int, int, int, int]:
+    if dtype is dtypes.uint4x32:
+        return (0, 0, 0, 0)
+    return 0.0 if dtype.is_float else 0
+
+
+def comment_text(text: str) -> str:
+    """``text`` safe inside a ``/* */`` comment on one line: printable ASCII only, no comment
+    delimiters (labels of nodes reach comments through the IR's comments)."""
+    printable = "".join(ch if " " <= ch <= "~" else " " for ch in text)
+    return " ".join(printable.replace("*/", "* /").replace("/*", "/ *").split())

@@ -1,0 +1,80 @@
+"""The ``triton`` backend: the optimized loop IR partitioned into tiled Triton kernels over torch
+tensors (shared/DESIGN.md §5).
+
+* ``partition.py`` cuts a routine into kernels (which loops run as grid axes, which statements
+  share a kernel, which nests are contractions for ``tl.dot``);
+* ``emit.py`` writes one Python module per routine: the kernels and a ``launch`` function;
+* ``tiling.py`` is the block-size table; ``tlib.py`` the device functions the modules import;
+* ``runtime.py`` owns the buffers (torch tensors), loads modules and runs them.
+
+It needs ``triton`` and ``torch`` (``pip install 'ocannl[triton]'``) and a GPU, or
+``TRITON_INTERPRET=1`` to run the kernels in Triton's CPU interpreter: slow, for tests, and never
+chosen by ``Context.auto()``. Settings (ocannl/config.py): ``triton_fp32_dot`` (``ieee``, the
+default: exact float32 products; ``tf32`` or ``tf32x3`` for tensor cores), ``fast_math`` (lets
+Triton contract multiply-adds), ``cache_dir``.
+"""
+
+from __future__ import annotations
+
+from ocannl import config
+from ocannl.errors import OcannlError
+from ocannl.lowlevel.ir import RoutineIR
+
+FP32_DOT_CHOICES = ("ieee", "tf32", "tf32x3")
+
+
+def options():
+    """The emitter options from the settings."""
+    from ocannl.backends.triton.emit import Options
+
+    fp32_dot = (config.get("triton_fp32_dot") or "ieee").strip().lower()
+    if fp32_dot not in FP32_DOT_CHOICES:
+        raise OcannlError(f"setting triton_fp32_dot must be one of {', '.join(FP32_DOT_CHOICES)}, got {fp32_dot!r}")
+    return Options(fp32_dot=fp32_dot, fp_fusion=config.flag("fast_math"))
+
+
+def generate(routine: RoutineIR):
+    """The Triton module source of ``routine`` (a :class:`~ocannl.backends.triton.emit.ModuleSource`),
+    without loading it: for tests, golden files and the compile checks."""
+    from ocannl.backends.triton.emit import emit_module
+    from ocannl.backends.triton.partition import partition
+
+    return emit_module(routine, partition(routine.body), options())
+
+
+class TritonBackend:
+    """The ``triton`` backend (registered in ``ocannl.backends.base``)."""
+
+    name = "triton"
+
+    def __init__(self) -> None:
+        self._buffers = None
+
+    @property
+    def emulated(self) -> bool:
+        """Kernels run in Triton's CPU interpreter: never picked by ``Context.auto()``."""
+        from ocannl.backends.triton.runtime import interpreting
+
+        return interpreting()
+
+    def available(self) -> tuple[bool, str]:
+        from ocannl.backends.triton.runtime import availability
+
+        return availability()
+
+    @property
+    def buffers(self):
+        """The context's buffers are torch tensors on the kernels' device."""
+        if self._buffers is None:
+            from ocannl.backends.triton.runtime import TorchBuffers
+
+            self._buffers = TorchBuffers()
+        return self._buffers
+
+    def compile(self, routine: RoutineIR):
+        from ocannl.backends.triton.runtime import TritonExecutable
+
+        return TritonExecutable(routine.name, generate(routine))
+
+
+__all__ = ["TritonBackend", "generate", "options"]

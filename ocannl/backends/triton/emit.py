@@ -1,0 +1,1441 @@
+"""The Triton source emitter: one Python module per routine, one ``@triton.jit`` kernel per
+:class:`~ocannl.backends.triton.partition.Kernel`, and a ``launch`` function calling them in order.
+
+**Tiles.** A *flat* kernel flattens its grid axes into one index ``xindex`` (``XBLOCK`` points a
+program, masked by ``xmask`` at the ragged end) and recovers each axis by ``//`` and ``%``
+(``x0``, ``x1``, ...). What remains of each statement after its grid loops is emitted by
+:meth:`KernelWriter.stmt`:
+
+* a chain of inner loops over which the body is pointwise (every store indexes each of them) is
+  a *stage*: its points are flattened into ``rindex`` (``RBLOCK`` a chunk, looped over unless
+  one chunk holds them all) and computed as ``[XBLOCK, RBLOCK]`` tiles;
+* a chain of loops accumulating one cell (``c[I] := c[I] + v``, ``max``, ``min``, or a local)
+  is a reduction stage: ``tl.sum``/``tl.max``/``tl.min`` over the ``rindex`` tile, added to the
+  cell's value. Half-precision accumulators round on every store (shared/DESIGN.md §3), so they
+  take the sequential path below instead;
+* any other loop runs sequentially inside the program (``for s0 in range(n)``).
+
+A *dot* kernel tiles a contraction's rows and columns (``rm``, ``rn``), loops over the reduction
+in ``BLOCK_K`` steps with ``tl.dot`` (``input_precision="ieee"`` for float32 unless the
+``triton_fp32_dot`` setting says ``tf32``/``tf32x3``), and runs the kernel's other statements
+(its epilogue) on the ``[BLOCK_M, BLOCK_N]`` accumulator tile.
+
+**Values stay in registers.** Within a program, a value stored or loaded is remembered by node
+and (canonical) index: a later read of the same cell in the same kernel uses the register, so a
+matmul's epilogue and a softmax's stages never reload what the kernel computed. A read from
+memory of a node an earlier statement of the kernel wrote (through another pattern, by the same
+program: the partition rules guarantee no other program wrote it) is preceded by
+``tl.debug_barrier()``, which makes the program's earlier stores visible to all its threads.
+
+**Bounds.** Every access is proven in bounds from the loop extents and index symbol sizes, or
+masked: lanes past a ragged edge by the tile masks, padded reads (``Load.oob_value``) and
+skipping stores (``Store.skip_oob``) by per-axis tests. A data-dependent position
+(``oc.take``) outside its axis is masked too (reads give 0, stores are skipped) and sets the
+routine's error flag, which the runtime turns into :class:`~ocannl.errors.OutOfBoundsError`.
+Scatter-adds use ``tl.atomic_add`` (rows may repeat).
+
+**Arithmetic** follows the scalar catalog (ocannl/lowlevel/scalar_ops.py): float32 division and
+square roots are the correctly rounded ``tl.div_rn``/``tl.sqrt_rn``; the launcher passes
+``enable_fp_fusion=False`` so that no multiply-add is contracted (unless the ``fast_math``
+setting is on); transcendental functions are Triton's (a few ulps from libm); float16 and
+bfloat16 values load as float32 and round to nearest even on every store; uint4x32 values are
+four uint32 lanes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterator
+
+import numpy as np
+
+from ocannl.lowlevel import dtypes
+from ocannl.lowlevel.dtypes import DType
+from ocannl.lowlevel.indexing import Affine, AnySymbol, AxisIndex, Fixed, IndexSymbol, Iter, Symbol, index_bounds
+from ocannl.lowlevel.ir import (
+    Binary,
+    Cast,
+    Comment,
+    Const,
+    DeclareLocal,
+    EmbedIndex,
+    Expr,
+    Fill,
+    For,
+    GetLocal,
+    Load,
+    LoadDynamic,
+    Local,
+    LocalScope,
+    Namer,
+    RoutineIR,
+    Seq,
+    SetLocal,
+    Stmt,
+    Store,
+    StoreDynamic,
+    Ternary,
+    Unary,
+    format_stmt,
+    iter_exprs,
+    iter_stmts,
+    stmt_exprs,
+)
+from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
+from ocannl.lowlevel.tnode import TNode
+
+from ocannl.backends.triton import tiling
+from ocannl.backends.triton.partition import (
+    Contraction,
+    Kernel,
+    Part,
+    _scatter_add_value,
+    accesses,
+    loop_chain,
+    scatter_add_nodes,
+    signature_ok,
+)
+
+HELPERS = ("tanh", "pow", "threefry4x32", "uint4x32_of", "uniform1_float32", "uniform1_float64")
+"""The device functions of ocannl/backends/triton/tlib.py a module may import."""
+
+_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*$")
+
+
+# ---------------------------------------------------------------------------------------------
+# What the runtime needs to know about a generated module
+
+
+@dataclass(frozen=True)
+class Param:
+    """A kernel argument: a node's buffer, an index symbol's value, or the error flag."""
+
+    name: str
+    node: TNode | None = None
+    symbol: IndexSymbol | None = None
+
+    @property
+    def signature(self) -> str:
+        """Triton's type string for this argument (``*fp32``, ``i32``...)."""
+        if self.node is not None:
+            return "*" + _POINTER_TYPES[self.node.dtype.name]
+        return "i32" if self.symbol is not None else "*i32"
+
+
+_POINTER_TYPES = {"float32": "fp32", "float64": "fp64", "float16": "fp16", "bfloat16": "u16", "int32": "i32",
+                  "int64": "i64", "uint32": "u32", "uint4x32": "u32"}
+
+
+@dataclass
+class KernelSource:
+    name: str
+    params: list[Param]
+    constexprs: dict[str, int]
+    grid: int
+    num_warps: int
+    num_stages: int | None
+    text: str
+    tiling: str
+    uses_dot: bool = False
+    uses_atomics: bool = False
+
+
+@dataclass
+class ModuleSource:
+    routine: str
+    kernels: list[KernelSource]
+    text: str
+    checks_positions: bool
+    """Whether a kernel sets the error flag (a gather or scatter position out of range)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Values and regions
+
+
+@dataclass(frozen=True)
+class Val:
+    """A value in generated code: ``code`` (a literal, a name, or an expression), the tile axes
+    it varies along, and its type. A uint4x32 value has four ``lanes`` instead of ``code``."""
+
+    code: str
+    axes: frozenset[str]
+    dtype: DType
+    literal: bool = False
+    lanes: tuple[str, str, str, str] | None = None
+
+
+@dataclass
+class Region:
+    """Where statements are being emitted: the code and tile axes of each loop symbol, the
+    bounds each symbol is known to lie in (lanes masked off aside), the canonical name of each
+    symbol for the register cache, the lane mask of each tile axis, the tile axes of this
+    region and the code of its full shape."""
+
+    symbols: dict[AnySymbol, tuple[str, frozenset[str]]]
+    bounds: dict[AnySymbol, tuple[int, int]]
+    canon: dict[AnySymbol, Any]
+    masks: dict[str, str]
+    axes: frozenset[str]
+    shape: str
+
+    def child(self, **changes: Any) -> Region:
+        r = replace(self, symbols=dict(self.symbols), bounds=dict(self.bounds), canon=dict(self.canon),
+                    masks=dict(self.masks))
+        for k, v in changes.items():
+            setattr(r, k, v)
+        return r
+
+
+def _literal(value: float | int, dtype: DType) -> str:
+    if dtype.is_float:
+        v = float(value)
+        if math.isnan(v):
+            return 'float("nan")'
+        if math.isinf(v):
+            return 'float("inf")' if v > 0 else 'float("-inf")'
+        return repr(v)
+    return str(int(value))
+
+
+def _stored_value(value: float | int, dtype: DType) -> int | float:
+    """A constant as stored in a ``dtype`` buffer (bfloat16: its bits)."""
+    if dtype is dtypes.bfloat16:
+        return int(dtypes.float32_to_bfloat16_bits(np.float32(value)))
+    v = dtypes.round_to(dtype, value)
+    return float(v) if dtype.is_float else int(v)
+
+
+def _product(values: tuple[int, ...]) -> int:
+    out = 1
+    for v in values:
+        out *= v
+    return out
+
+
+def decompose(index: str, extents: tuple[int, ...]) -> list[str]:
+    """The code of each axis of a row-major flattened ``index`` over ``extents``."""
+    out = []
+    for t, e in enumerate(extents):
+        stride = _product(extents[t + 1:])
+        code = index if stride == 1 else f"{index} // {stride}"
+        if t > 0:
+            code = f"{code} % {e}" if stride != 1 else f"{index} % {e}"
+        out.append(code)
+    return out
+
+
+class Names:
+    """Identifiers of one kernel: parameters first, then generated names that avoid them."""
+
+    def __init__(self, taken: set[str]):
+        self.taken = set(taken)
+        self._counters: dict[str, int] = {}
+
+    def numbered(self, prefix: str) -> str:
+        k = self._counters.get(prefix, 0)
+        while f"{prefix}{k}" in self.taken:
+            k += 1
+        self._counters[prefix] = k + 1
+        name = f"{prefix}{k}"
+        self.taken.add(name)
+        return name
+
+    def word(self, word: str) -> str:
+        name, k = word, 1
+        while name in self.taken:
+            name, k = f"{word}_{k}", k + 1
+        self.taken.add(name)
+        return name
+
+
+# ---------------------------------------------------------------------------------------------
+# Options
+
+
+@dataclass(frozen=True)
+class Options:
+    fp32_dot: str = "ieee"
+    """``input_precision`` of float32 ``tl.dot``: ``ieee`` (exact products, the default),
+    ``tf32`` or ``tf32x3`` (the ``triton_fp32_dot`` setting)."""
+    fp_fusion: bool = False
+    """Let Triton contract multiply-adds (the ``fast_math`` setting)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The module
+
+
+def emit_module(routine: RoutineIR, kernels: list[Kernel], options: Options = Options()) -> ModuleSource:
+    """The Python source of the Triton module of ``routine``, partitioned into ``kernels``."""
+    base = re.sub(r"\W", "_", routine.name) or "routine"
+    sources: list[KernelSource] = []
+    helpers: set[str] = set()
+    for number, kernel in enumerate(kernels):
+        writer = KernelWriter(f"{base}_{number}", kernel, options)
+        sources.append(writer.emit())
+        helpers |= writer.helpers
+    checks = any(p.node is None and p.symbol is None for k in sources for p in k.params)
+    lines = [
+        f'"""Triton kernels of routine {routine.name}: {len(sources)} kernel{"s" if len(sources) != 1 else ""}.',
+        "",
+        "Generated by ocannl's Triton backend (ocannl/backends/triton) from the optimized loop IR",
+        f'({routine.name}.ll); launch() runs the kernels in order."""',
+        "",
+        "import triton",
+        "import triton.language as tl",
+        "",
+    ]
+    if helpers:
+        lines.append(f"from ocannl.backends.triton.tlib import {', '.join(sorted(helpers))}")
+        lines.append("")
+    lines.append(f"FP_FUSION = {options.fp_fusion}")
+    lines.append('"""Whether Triton may contract a * b + c into one rounding (the fast_math setting)."""')
+    for k in sources:
+        lines += ["", ""] + k.text.rstrip("\n").split("\n")
+    lines += ["", "", *_launcher(routine, sources)]
+    return ModuleSource(routine.name, sources, "\n".join(lines) + "\n", checks)
+
+
+def _launcher(routine: RoutineIR, kernels: list[KernelSource]) -> list[str]:
+    lines = [
+        "def launch(buffers, symbols, error):",
+        '    """Run the kernels in order. ``buffers`` maps node names to tensors, ``symbols`` index',
+        '    symbol names to ints, ``error`` is a one-element int32 tensor (set when a position is out',
+        '    of range)."""',
+    ]
+    if not kernels:
+        lines.append("    pass")
+    for k in kernels:
+        args = []
+        for p in k.params:
+            if p.node is not None:
+                args.append(f'buffers["{p.node.name}"]')
+            elif p.symbol is not None:
+                args.append(f'symbols["{p.symbol.name}"]')
+            else:
+                args.append("error")
+        args += [f"{name}={value}" for name, value in k.constexprs.items()]
+        args.append(f"num_warps={k.num_warps}")
+        if k.num_stages is not None:
+            args.append(f"num_stages={k.num_stages}")
+        args.append("enable_fp_fusion=FP_FUSION")
+        call = f"    {k.name}[({k.grid},)]({', '.join(args)})"
+        if len(call) <= 100:
+            lines.append(call)
+        else:
+            lines.append(f"    {k.name}[({k.grid},)](")
+            lines += [f"        {a}," for a in args]
+            lines.append("    )")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# One kernel
+
+
+class KernelWriter:
+    """Emits one kernel (module docstring)."""
+
+    def __init__(self, name: str, kernel: Kernel, options: Options):
+        self.kernel = kernel
+        self.options = options
+        self.helpers: set[str] = set()
+        self.lines: list[str] = []
+        self.depth = 1
+        self.constexprs: dict[str, int] = {}
+        self.cache: list[dict[Any, Val]] = [{}]
+        self.written: set[TNode] = set()
+        """Nodes the kernel's earlier statements stored to memory."""
+        self.reads_written = False
+        self.stage_vars: dict[Any, Any] = {}
+        self.locals: dict[Local, Val] = {}
+        self.uses_dot = False
+        self.uses_atomics = False
+        self.checks_positions = False
+        self.rblock: int | None = None
+        self.two_d = False
+        self.top = 0
+        self.scatter: frozenset[TNode] = frozenset()
+        self.persistent_rindex: str | None = None
+        self._params(name)
+
+    # -- parameters and names --------------------------------------------------------------
+
+    def _params(self, name: str) -> None:
+        nodes: dict[TNode, None] = {}
+        symbols: dict[IndexSymbol, None] = {}
+        dynamic = False
+        for part in self.kernel.parts:
+            for s in iter_stmts(part.stmt):
+                if isinstance(s, (Store, StoreDynamic, Fill)):
+                    nodes.setdefault(s.tnode, None)
+                dynamic |= isinstance(s, StoreDynamic)
+                for e in stmt_exprs(s):
+                    for x in iter_exprs(e):
+                        if isinstance(x, (Load, LoadDynamic)):
+                            nodes.setdefault(x.tnode, None)
+                            dynamic |= isinstance(x, LoadDynamic)
+                        idx = ()
+                        if isinstance(x, (Load, LoadDynamic)):
+                            idx = x.indices
+                        elif isinstance(x, EmbedIndex):
+                            idx = (x.index,)
+                        for i in idx:
+                            for sym in _symbols_of(i):
+                                if isinstance(sym, IndexSymbol):
+                                    symbols.setdefault(sym, None)
+                if isinstance(s, (Store, StoreDynamic)):
+                    for i in s.indices:
+                        for sym in _symbols_of(i):
+                            if isinstance(sym, IndexSymbol):
+                                symbols.setdefault(sym, None)
+        written = {s.tnode for p in self.kernel.parts for s in iter_stmts(p.stmt) if isinstance(s, (Store, StoreDynamic, Fill))}
+        first = next(iter(sorted(written, key=lambda n: list(nodes).index(n))), None)
+        self.name = name + (f"_{first.name}" if first is not None else "")
+        taken = set(HELPERS) | {"triton", "tl"}
+        self.params: list[Param] = []
+        self.node_names: dict[TNode, str] = {}
+        for node in nodes:
+            pname = node.name if node.name not in taken else f"{node.name}_n{node.id}"
+            taken.add(pname)
+            self.node_names[node] = pname
+            self.params.append(Param(pname, node=node))
+        self.symbol_names: dict[IndexSymbol, str] = {}
+        for sym in symbols:
+            pname = sym.name if sym.name not in taken else f"{sym.name}_sym"
+            taken.add(pname)
+            self.symbol_names[sym] = pname
+            self.params.append(Param(pname, symbol=sym))
+        if dynamic:
+            taken.add("error")
+            self.params.append(Param("error"))
+        self.names = Names(taken)
+
+    # -- output ----------------------------------------------------------------------------
+
+    def line(self, text: str) -> None:
+        self.lines.append("    " * self.depth + text)
+
+    def temp(self, code: str, prefix: str = "t") -> str:
+        name = self.names.numbered(prefix)
+        self.line(f"{name} = {code}")
+        return name
+
+    def emit(self) -> KernelSource:
+        k = self.kernel
+        body_start = len(self.lines)
+        if k.tiling == "fill":
+            grid, warps, stages = self.fill_kernel()
+        elif k.tiling == "dot":
+            grid, warps, stages = self.dot_kernel()
+        else:
+            grid, warps, stages = self.flat_kernel()
+        body = self.lines[body_start:]
+        sig = ", ".join([p.name for p in self.params] + [f"{c}: tl.constexpr" for c in self.constexprs])
+        header = []
+        dns = [self.symbol_names[p.symbol] for p in self.params if p.symbol is not None]
+        deco = f"@triton.jit(do_not_specialize={dns!r})" if dns else "@triton.jit"
+        header.append(deco)
+        header.append(f"def {self.name}({sig}):")
+        doc = self.docstring()
+        header.append(f'    """{doc[0]}')
+        header += [f"    {d}" if d else "" for d in doc[1:]]
+        header.append('    """')
+        text = "\n".join(header + body) + "\n"
+        return KernelSource(self.name, self.params, dict(self.constexprs), grid, warps, stages, text, k.tiling,
+                            self.uses_dot, self.uses_atomics)
+
+    def docstring(self) -> list[str]:
+        k = self.kernel
+        out = []
+        what = {"flat": "grid", "dot": "tl.dot tiles over grid", "fill": "fills"}[k.tiling]
+        if k.tiling == "fill":
+            out.append(f"Fills {', '.join(f.tnode.name for f in k.fills)}.")
+        else:
+            dims = " x ".join(map(str, k.extents)) or "a single program"
+            out.append(f"{what.capitalize()} {dims}" + (": " + "; ".join(_comment(c) for c in k.comments) if k.comments else "."))
+        out.append("")
+        namer = Namer()
+        for p in k.parts:
+            text = format_stmt(p.stmt, namer)
+            grid = ", ".join(namer.symbol(s) for s in p.grid)
+            out.append(f"{'grid ' + grid + ': ' if grid else ''}{_shorten(text)}")
+        return out
+
+    # -- the three tilings --------------------------------------------------------------------
+
+    def fill_kernel(self) -> tuple[int, int, int | None]:
+        fills: dict[TNode, Fill] = {}
+        for f in self.kernel.fills:
+            fills.pop(f.tnode, None)
+            fills[f.tnode] = f  # a later fill of the same node wins
+        numel = max(_cells(f.tnode) for f in fills.values())
+        blocks = tiling.flat_blocks(numel, None)
+        self.constexprs["XBLOCK"] = blocks.xblock
+        xindex = self.names.word("xindex")
+        self.line(f"{xindex} = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)")
+        for f in fills.values():
+            self.fill(f, xindex, "XBLOCK")
+        return -(-numel // blocks.xblock), blocks.num_warps, None
+
+    def fill(self, f: Fill, index: str, block: str) -> None:
+        node, n = f.tnode, _cells(f.tnode)
+        ptr = self.node_names[node]
+        mask = f"{index} < {n}"
+        if node.dtype is dtypes.uint4x32:
+            for lane, v in enumerate(f.value.value):
+                self.line(f"tl.store({ptr} + {index} * 4 + {lane}, {v}, mask={mask})")
+        else:
+            value = _literal(_stored_value(f.value.value, node.dtype), node.dtype)
+            self.line(f"tl.store({ptr} + {index}, {value}, mask={mask})")
+        self.invalidate(node)
+        self.written.add(node)
+
+    def flat_kernel(self) -> tuple[int, int, int | None]:
+        k = self.kernel
+        numel = _product(k.extents)
+        inner = max((_product(e) for p in k.parts for e in _inner_chains(p.body)), default=None)
+        blocks = tiling.flat_blocks(numel, inner)
+        two_d = blocks.rblock is not None
+        self.rblock = blocks.rblock
+        self.two_d = two_d
+        if k.extents:
+            self.constexprs["XBLOCK"] = blocks.xblock
+            xindex, xmask = self.names.word("xindex"), self.names.word("xmask")
+            expand = "[:, None]" if two_d else ""
+            self.line(f"{xindex} = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK){expand}")
+            self.line(f"{xmask} = {xindex} < {numel}")
+            codes = decompose(xindex, k.extents)
+            axes = []
+            for code in codes:
+                axes.append(code if len(k.extents) == 1 else self.temp(code, "x"))
+            region = Region({}, {}, {}, {"x": xmask}, frozenset({"x"}), "[XBLOCK, 1]" if two_d else "[XBLOCK]")
+            self.axis_codes = axes
+        else:
+            region = Region({}, {}, {}, {}, frozenset(), "[]")
+            self.axis_codes = []
+        if blocks.rblock is not None:
+            self.constexprs["RBLOCK"] = blocks.rblock
+        grid = -(-numel // blocks.xblock) if k.extents else 1
+        self.top = len(self.lines)
+        for part in k.parts:
+            self.part(part, region)
+        return grid, blocks.num_warps, None
+
+    def part(self, part: Part, region: Region) -> None:
+        """Emit one statement of the kernel, its grid loops bound to the kernel's axes."""
+        r = region.child()
+        for t, sym in enumerate(part.grid):
+            r.symbols[sym] = (self.axis_codes[t], frozenset(self.kernel_axis_tiles(t)))
+            r.bounds[sym] = (0, self.kernel.extents[t] - 1)
+            r.canon[sym] = ("grid", t)
+        start, top = len(self.lines), self.top
+        self.reads_written = False
+        self.scatter = part.scatter
+        self.stmt(part.body, r)
+        if self.reads_written:
+            barrier = "tl.debug_barrier()  # makes this program's earlier stores visible to its threads"
+            self.lines.insert(start + self.top - top, "    " * self.depth + barrier)
+        self.written |= {a.node for a in accesses(part.stmt) if a.write}
+
+    def kernel_axis_tiles(self, t: int) -> set[str]:
+        if self.kernel.tiling == "dot":
+            return self.dot_axis_tiles[t]
+        return {"x"}
+
+    # -- the dot kernel --------------------------------------------------------------------------
+
+    def dot_kernel(self) -> tuple[int, int, int | None]:
+        k = self.kernel
+        c: Contraction = k.contraction
+        first = k.parts[0]
+        extent = dict(zip(first.grid, k.extents))
+        rows_e = tuple(extent[s] for s in c.rows)
+        cols_e = tuple(extent[s] for s in c.cols)
+        batch_e = tuple(extent[s] for s in c.batch)
+        k_e = tuple(e for _, e in c.k)
+        M, N, K, B = _product(rows_e), _product(cols_e), _product(k_e), _product(batch_e)
+        a16, b16 = _sixteen_bit_load(c.a), _sixteen_bit_load(c.b)
+        sixteen = a16 is not None and b16 is not None and a16 is b16
+        blocks = tiling.dot_blocks(M, N, K, sixteen)
+        self.constexprs.update(BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n, BLOCK_K=blocks.block_k,
+                               GROUP_M=blocks.group_m)
+        npm, npn = -(-M // blocks.block_m), -(-N // blocks.block_n)
+        self.line(f"# rows ({', '.join(map(str, rows_e))}) x columns ({', '.join(map(str, cols_e))})"
+                  + (f" x batch ({', '.join(map(str, batch_e))})" if c.batch else "")
+                  + f", summing over ({', '.join(map(str, k_e))})")
+        pid = self.temp("tl.program_id(0)", "pid")
+        tiles = npm * npn
+        if c.batch:
+            pb = self.names.word("pid_b")
+            self.line(f"{pb} = {pid} // {tiles}")
+            pid = self.temp(f"{pid} % {tiles}", "pid")
+        # Grouped order: GROUP_M row tiles share each column sweep (operands stay in L2).
+        group = self.temp(f"{pid} // (GROUP_M * {npn})", "group")
+        first_m = self.temp(f"{group} * GROUP_M", "first_m")
+        size_m = self.temp(f"tl.minimum({npm} - {first_m}, GROUP_M)", "group_size")
+        pm, pn = self.names.word("pid_m"), self.names.word("pid_n")
+        self.line(f"{pm} = {first_m} + ({pid} % (GROUP_M * {npn})) % {size_m}")
+        self.line(f"{pn} = ({pid} % (GROUP_M * {npn})) // {size_m}")
+        rm, rn = self.names.word("rm"), self.names.word("rn")
+        self.line(f"{rm} = {pm} * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]")
+        self.line(f"{rn} = {pn} * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]")
+        mmask, nmask = self.names.word("mmask"), self.names.word("nmask")
+        self.line(f"{mmask} = {rm} < {M}")
+        self.line(f"{nmask} = {rn} < {N}")
+        code: dict[Symbol, tuple[str, frozenset[str]]] = {}
+        for syms, ext, src, ax in ((c.rows, rows_e, rm, "m"), (c.cols, cols_e, rn, "n")):
+            for sym, d in zip(syms, decompose(src, ext)):
+                code[sym] = (d if len(syms) == 1 else self.temp(d, "x"), frozenset({ax}))
+        if c.batch:
+            for sym, d in zip(c.batch, decompose(pb, batch_e)):
+                code[sym] = (d if len(c.batch) == 1 else self.temp(d, "b"), frozenset())
+        self.axis_codes = [code[s][0] for s in first.grid]
+        self.dot_axis_tiles = [set(code[s][1]) for s in first.grid]
+        region = Region({}, {}, {}, {"m": mmask, "n": nmask}, frozenset({"m", "n"}), "[BLOCK_M, BLOCK_N]")
+        r = region.child()
+        for t, sym in enumerate(first.grid):
+            r.symbols[sym] = code[sym]
+            r.bounds[sym] = (0, k.extents[t] - 1)
+            r.canon[sym] = ("grid", t)
+        # The accumulator: the cell's value before the reduction.
+        acc = self.names.word("acc")
+        if c.reset is not None:
+            v = float(dtypes.round_to(dtypes.float32, c.reset.value))
+            self.line(f"{acc} = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)" if v == 0 and not math.copysign(1, v) < 0
+                      else f"{acc} = tl.full([BLOCK_M, BLOCK_N], {_literal(v, dtypes.float32)}, tl.float32)")
+        else:
+            old = self.load(Load(c.target, c.indices), r)
+            self.line(f"{acc} = {self.broadcast(old, r)}")
+        k0 = self.names.word("k0")
+        self.line(f"for {k0} in range(0, {K}, BLOCK_K):")
+        self.depth += 1
+        self.push()
+        rka, rkb = self.names.word("rka"), self.names.word("rkb")
+        self.line(f"{rka} = {k0} + tl.arange(0, BLOCK_K)[None, :]")
+        self.line(f"{rkb} = {k0} + tl.arange(0, BLOCK_K)[:, None]")
+        ra = r.child(masks={"m": mmask, "k": f"({rka} < {K})"}, axes=frozenset({"m", "k"}), shape="[BLOCK_M, BLOCK_K]")
+        rb = r.child(masks={"k": f"({rkb} < {K})", "n": nmask}, axes=frozenset({"k", "n"}), shape="[BLOCK_K, BLOCK_N]")
+        ksyms = [s for s, _ in c.k]
+        for reg, src, prefix in ((ra, rka, "ka"), (rb, rkb, "kb")):
+            for sym, d, e in zip(ksyms, decompose(src, k_e), k_e):
+                reg.symbols[sym] = (d if len(ksyms) == 1 else self.temp(d, prefix), frozenset({"k"}))
+                reg.bounds[sym] = (0, e - 1)
+                reg.canon[sym] = ("k", sym)
+        if sixteen:
+            a = self.operand_16(c.a, ra)
+            b = self.operand_16(c.b, rb)
+            self.line(f"{acc} = tl.dot({a}, {b}, {acc})")
+        else:
+            a = self.operand(c.a, ra, "a")
+            b = self.operand(c.b, rb, "b")
+            self.line(f'{acc} = tl.dot({a}, {b}, {acc}, input_precision="{self.options.fp32_dot}")')
+        self.uses_dot = True
+        self.pop()
+        self.depth -= 1
+        target = Val(acc, frozenset({"m", "n"}), dtypes.float32)
+        self.store_value(c.target, c.indices, target, r, skip_oob=False)
+        self.written.add(c.target)
+        for part in k.parts[1:]:
+            self.part(part, region)
+        return B * tiles, blocks.num_warps, blocks.num_stages
+
+    def operand(self, e: Expr, region: Region, prefix: str) -> str:
+        v = self.expr(e, region)
+        code = v.code
+        plain = isinstance(e, Load) and e.oob_value in (None, 0, 0.0)
+        if not plain:
+            masks = " & ".join(region.masks[a] for a in sorted(region.axes))
+            code = f"tl.where({masks}, {code}, 0.0)"
+        if v.axes != region.axes:
+            code = f"tl.broadcast_to({code}, {region.shape})"
+        return self.temp(code, prefix)
+
+    def operand_16(self, e: Expr, region: Region) -> str:
+        """A float16/bfloat16 load kept in its storage type for the tensor cores."""
+        code = self.load_code(e, region, convert=False)
+        if e.tnode.dtype is dtypes.bfloat16:
+            code = f"{code}.to(tl.bfloat16, bitcast=True)"
+        return self.temp(code, "a" if "m" in region.axes else "b")
+
+    # -- statements ----------------------------------------------------------------------------
+
+    def stmt(self, s: Stmt, region: Region) -> None:
+        match s:
+            case Seq(stmts=stmts):
+                for x in stmts:
+                    self.stmt(x, region)
+            case Comment(text=text):
+                self.line(f"# {_comment(text)}")
+            case DeclareLocal(local=local):
+                self.declare(local, region)
+            case SetLocal(local=local, value=value):
+                self.set_local(local, self.expr(value, region), region)
+            case Store(tnode=node, indices=indices, value=value, skip_oob=skip):
+                self.store_value(node, indices, self.expr(value, region), region, skip)
+            case StoreDynamic():
+                self.store_dynamic(s, region)
+            case Fill():
+                self.fill_in_program(s)
+            case For():
+                self.loop(s, region)
+            case _:
+                raise TypeError(f"the Triton emitter does not know the statement {s!r}")
+
+    def declare(self, local: Local, region: Region) -> None:
+        if local.dtype is dtypes.uint4x32:
+            lanes = tuple(self.names.numbered("v") for _ in range(4))
+            for name in lanes:
+                self.line(f"{name} = tl.zeros({region.shape}, tl.uint32)")
+            self.locals[local] = Val("", region.axes, local.dtype, lanes=lanes)
+        else:
+            name = self.names.numbered("v")
+            self.line(f"{name} = tl.zeros({region.shape}, {local.dtype.triton_name})")
+            self.locals[local] = Val(name, region.axes, local.dtype)
+
+    def set_local(self, local: Local, value: Val, region: Region) -> None:
+        if local not in self.locals:
+            self.declare(local, region)
+        target = self.locals[local]
+        if target.lanes is not None:
+            for name, lane in zip(target.lanes, value.lanes):
+                self.line(f"{name} = {self.broadcast(Val(lane, value.axes, dtypes.uint32), region.child(axes=target.axes, shape=self.shape_of(target.axes, region)))}")
+        else:
+            shape_region = region.child(axes=target.axes, shape=self.shape_of(target.axes, region))
+            self.line(f"{target.code} = {self.broadcast(value, shape_region)}")
+
+    def shape_of(self, axes: frozenset[str], region: Region) -> str:
+        if axes == region.axes:
+            return region.shape
+        return self.shape_for_axes(axes)
+
+    def shape_for_axes(self, axes: frozenset[str]) -> str:
+        if not axes:
+            return "[]"
+        if axes == {"m", "n"}:
+            return "[BLOCK_M, BLOCK_N]"
+        if axes == {"x"}:
+            return "[XBLOCK, 1]" if self.two_d else "[XBLOCK]"
+        if axes == {"x", "r"}:
+            return "[XBLOCK, RBLOCK]"
+        if axes == {"r"}:
+            return "[1, RBLOCK]" if self.kernel.extents else "[RBLOCK]"
+        raise AssertionError(axes)
+
+    def broadcast(self, v: Val, region: Region) -> str:
+        """``v`` as a tensor of the region's full shape and ``v``'s type."""
+        if v.literal:
+            return f"tl.full({region.shape}, {v.code}, {v.dtype.triton_name})"
+        if v.axes == region.axes:
+            return v.code
+        return f"tl.broadcast_to({v.code}, {region.shape})"
+
+    # -- loops -----------------------------------------------------------------------------
+
+    def loop(self, s: For, region: Region) -> None:
+        chain, body = loop_chain(s)
+        if self.kernel.tiling == "flat" and "r" not in region.axes and self.rblock is not None:
+            if self.pointwise_stage(s, chain, body, region) or self.reduction_stage(chain, body, region):
+                return
+        self.serial(s, region)
+
+    def serial(self, s: For, region: Region) -> None:
+        name = self.names.numbered("s")
+        written = {a.node for a in accesses(s) if a.write} | {f.tnode for f in iter_stmts(s) if isinstance(f, Fill)}
+        for node in written:
+            self.invalidate(node)
+        self.line(f"for {name} in range({s.extent}):")
+        self.depth += 1
+        self.push()
+        inner = region.child()
+        inner.symbols[s.symbol] = (name, frozenset())
+        inner.bounds[s.symbol] = (0, s.extent - 1)
+        inner.canon[s.symbol] = ("serial", s.symbol)
+        self.stmt(s.body, inner)
+        self.pop()
+        self.depth -= 1
+        for node in written:
+            self.invalidate(node)
+
+    def stage_index(self, extents: tuple[int, ...], region: Region) -> tuple[Region, bool, list[str]]:
+        """Enter an inner tile over ``extents``: returns its region and whether a loop over
+        chunks was opened (the caller closes it with :meth:`end_stage`)."""
+        total = _product(extents)
+        persistent = total <= self.rblock
+        expand = "[None, :]" if self.kernel.extents else ""
+        key = ("stage", extents)
+        if persistent:
+            if self.persistent_rindex is None:
+                self.persistent_rindex = self.names.word("rindex")
+                self.line_at_top(f"{self.persistent_rindex} = tl.arange(0, RBLOCK){expand}")
+            rindex = self.persistent_rindex
+            if key in self.stage_vars:
+                mask, codes = self.stage_vars[key]
+            else:
+                mask = self.names.numbered("rmask")
+                self.line_at_top(f"{mask} = {rindex} < {total}")
+                codes = []
+                for d in decompose(rindex, extents):
+                    if len(extents) == 1:
+                        codes.append(d)
+                    else:
+                        n = self.names.numbered("r")
+                        self.line_at_top(f"{n} = {d}")
+                        codes.append(n)
+                self.stage_vars[key] = (mask, codes)
+        else:
+            roffset = self.names.numbered("roffset")
+            self.line(f"for {roffset} in range(0, {total}, RBLOCK):")
+            self.depth += 1
+            self.push()
+            rindex = self.temp(f"{roffset} + tl.arange(0, RBLOCK){expand}", "rindex")
+            mask = self.temp(f"{rindex} < {total}", "rmask")
+            codes = [d if len(extents) == 1 else self.temp(d, "r") for d in decompose(rindex, extents)]
+        axes = region.axes | {"r"}
+        inner = region.child(axes=axes, shape=self.shape_for_axes(axes))
+        inner.masks["r"] = mask
+        return inner, not persistent, codes
+
+    def line_at_top(self, text: str) -> None:
+        """Tile indices shared by persistent stages are defined once, before any statement."""
+        self.lines.insert(self.top, "    " + text)
+        self.top += 1
+
+    def end_stage(self, looped: bool) -> None:
+        if looped:
+            self.pop()
+            self.depth -= 1
+
+    def pointwise_stage(self, s: For, chain: list[For], body: Stmt, region: Region) -> bool:
+        if _has_loop(body) or _sets_undeclared_local(body):
+            return False  # a nested loop nest, or a reduction into an enclosing local
+        syms = tuple(loop.symbol for loop in chain)
+        scatter = scatter_add_nodes(s)
+        if not any(a.write for a in accesses(s)):
+            return False
+        if not signature_ok([(s, syms, scatter)], len(syms)):
+            return False
+        extents = tuple(loop.extent for loop in chain)
+        inner, looped, codes = self.stage_index(extents, region)
+        for t, (loop, code) in enumerate(zip(chain, codes)):
+            inner.symbols[loop.symbol] = (code, frozenset({"r"}))
+            inner.bounds[loop.symbol] = (0, loop.extent - 1)
+            inner.canon[loop.symbol] = ("inner", extents, t) if not looped else ("chunk", loop.symbol)
+        self.stmt(body, inner)
+        self.end_stage(looped)
+        return True
+
+    def reduction_stage(self, chain: list[For], body: Stmt, region: Region) -> bool:
+        found = _accumulation(body)
+        if found is None:
+            return False
+        op, target, value = found
+        syms = {loop.symbol for loop in chain}
+        if isinstance(target, Store):
+            if target.skip_oob or target.tnode.dtype not in _EXACT_ACCUMULATORS:
+                return False
+            if any(s in syms for i in target.indices for s in _symbols_of(i)):
+                return False
+            if any(isinstance(x, (Load, LoadDynamic)) and x.tnode is target.tnode for x in iter_exprs(value)):
+                return False
+        else:
+            if target.local not in self.locals or target.local.dtype is dtypes.uint4x32:
+                return False
+        if any(isinstance(x, (Store, StoreDynamic, Fill)) for x in iter_stmts(SetLocal(Local(value.dtype), value))):
+            return False
+        dtype = value.dtype
+        if isinstance(target, Store):
+            acc0 = self.load(Load(target.tnode, target.indices), region)
+        else:
+            acc0 = self.locals[target.local]
+        acc = self.names.word("acc")
+        self.line(f"{acc} = {self.broadcast(acc0, region)}")
+        extents = tuple(loop.extent for loop in chain)
+        inner, looped, codes = self.stage_index(extents, region)
+        for t, (loop, code) in enumerate(zip(chain, codes)):
+            inner.symbols[loop.symbol] = (code, frozenset({"r"}))
+            inner.bounds[loop.symbol] = (0, loop.extent - 1)
+            inner.canon[loop.symbol] = ("inner", extents, t) if not looped else ("chunk", loop.symbol)
+        v = self.expr(value, inner)
+        neutral = {Binop.ADD: 0, Binop.MAX: dtypes.lowest(dtype), Binop.MIN: dtypes.highest(dtype)}[op]
+        tile = f"tl.where({inner.masks['r']}, {self.tensor(v)}, {_literal(neutral, dtype)})"
+        axis = "axis=1, keep_dims=True" if region.axes else "axis=0"
+        fn = {Binop.ADD: "tl.sum", Binop.MAX: "tl.max", Binop.MIN: "tl.min"}[op]
+        reduced = f"{fn}({tile}, {axis})"
+        if op is Binop.ADD:
+            self.line(f"{acc} = {acc} + {reduced}")
+        else:
+            self.line(f"{acc} = {'tl.maximum' if op is Binop.MAX else 'tl.minimum'}({acc}, {reduced})")
+        self.end_stage(looped)
+        result = Val(acc, region.axes, dtype)
+        if isinstance(target, Store):
+            self.store_value(target.tnode, target.indices, result, region, False)
+        else:
+            self.line(f"{self.locals[target.local].code} = {acc}")
+        return True
+
+    # -- stores ------------------------------------------------------------------------------
+
+    def store_value(self, node: TNode, indices: tuple[AxisIndex, ...], value: Val, region: Region,
+                    skip_oob: bool) -> None:
+        offset, axes, checks = self.offset(node, indices, region)
+        mask = self.mask(axes, checks, region)
+        ptr = self.node_names[node]
+        if node.dtype is dtypes.uint4x32:
+            for lane, code in enumerate(value.lanes):
+                self.line(_store(f"{ptr} + ({offset}) * 4 + {lane}", code, mask))
+        else:
+            code = self.to_storage(value, node.dtype)
+            if value.axes - axes:
+                offset = f"{offset} + tl.zeros({self.shape_for_axes(value.axes | axes)}, tl.int32)"
+            self.line(_store(f"{ptr} + {offset}", code, mask))
+        self.invalidate(node)
+        if node.dtype.is_compute_type and not checks:
+            self.remember((node, self.canon_indices(indices, region), None), value if not value.literal else value)
+
+    def store_dynamic(self, s: StoreDynamic, region: Region) -> None:
+        node = s.tnode
+        pos = self.position(s.position, node.dims[s.axis], region)
+        offset, axes, checks = self.offset(node, s.indices, region, dynamic=(s.axis, pos))
+        mask = self.mask(axes, checks, region)
+        ptr = self.node_names[node]
+        added = _scatter_add_value(s) if node in self.scatter else None
+        if added is not None:
+            v = self.expr(added, region)
+            code = self.to_storage(v, node.dtype)
+            if v.literal:
+                code = f"tl.full({self.shape_for_axes(axes)}, {v.code}, {node.dtype.triton_name})"
+            self.line(f"tl.atomic_add({ptr} + {offset}, {code}{', mask=' + mask if mask else ''})")
+            self.uses_atomics = True
+        else:
+            v = self.expr(s.value, region)
+            if node.dtype is dtypes.uint4x32:
+                for lane, code in enumerate(v.lanes):
+                    self.line(_store(f"{ptr} + ({offset}) * 4 + {lane}", code, mask))
+            else:
+                self.line(_store(f"{ptr} + {offset}", self.to_storage(v, node.dtype), mask))
+        self.invalidate(node)
+
+    def fill_in_program(self, f: Fill) -> None:
+        """A fill among the statements of a single-program kernel: a loop over chunks."""
+        n = _cells(f.tnode)
+        chunk = min(1024, tiling.next_power_of_2(n))
+        name = self.names.numbered("f")
+        self.line(f"for {name} in range(0, {n}, {chunk}):")
+        self.depth += 1
+        index = self.temp(f"{name} + tl.arange(0, {chunk})", "findex")
+        self.fill(f, index, str(chunk))
+        self.depth -= 1
+
+    def to_storage(self, v: Val, dtype: DType) -> str:
+        if v.literal:
+            if dtype is dtypes.bfloat16:
+                return str(_stored_value(_literal_value(v.code), dtype))
+            if dtype is dtypes.float16:
+                return _literal(_stored_value(_literal_value(v.code), dtype), dtype)
+            return v.code
+        if dtype is dtypes.float16:
+            return f"{self.atom_code(v)}.to(tl.float16)"
+        if dtype is dtypes.bfloat16:
+            return f"{self.atom_code(v)}.to(tl.bfloat16).to(tl.uint16, bitcast=True)"
+        return v.code
+
+    # -- indices, offsets, masks -----------------------------------------------------------
+
+    def index_code(self, idx: AxisIndex, region: Region) -> tuple[str, frozenset[str]]:
+        match idx:
+            case Fixed(index=i):
+                return str(i), frozenset()
+            case Iter(symbol=sym):
+                return self.symbol_code(sym, region)
+            case Affine(terms=terms, offset=off):
+                parts, axes = [], frozenset()
+                for c, sym in terms:
+                    code, ax = self.symbol_code(sym, region)
+                    axes |= ax
+                    parts.append(code if c == 1 else f"{c} * {_paren(code)}")
+                text = " + ".join(parts)
+                if off:
+                    text += f" + {off}" if off > 0 else f" - {-off}"
+                return text.replace("+ -", "- "), axes
+        raise TypeError(f"not an axis index: {idx!r}")
+
+    def symbol_code(self, sym: AnySymbol, region: Region) -> tuple[str, frozenset[str]]:
+        if isinstance(sym, IndexSymbol):
+            return self.symbol_names[sym], frozenset()
+        return region.symbols[sym]
+
+    def offset(self, node: TNode, indices: tuple[AxisIndex, ...], region: Region,
+               dynamic: tuple[int, Val] | None = None) -> tuple[str, frozenset[str], list[str]]:
+        """The row-major offset of an access, the tile axes it varies along, and the bounds
+        tests it needs (those not proven)."""
+        full: list[Any] = list(indices)
+        if dynamic is not None:
+            full.insert(dynamic[0], dynamic[1])
+        terms: list[str] = []
+        constant = 0
+        axes: frozenset[str] = frozenset()
+        checks: list[str] = []
+        stride = 1
+        for idx, dim in reversed(list(zip(full, node.dims))):
+            if isinstance(idx, Val):
+                code, ax = idx.code, idx.axes
+                checks.append(f"({code} >= 0) & ({code} < {dim})")
+            elif isinstance(idx, Fixed):
+                constant += idx.index * stride
+                stride *= dim
+                continue
+            else:
+                code, ax = self.index_code(idx, region)
+                if not self.provable(idx, dim, region):
+                    c = _paren(code)
+                    low = self.lower_bound(idx, region)
+                    tests = ([f"({c} >= 0)"] if low is None or low < 0 else []) + [f"({c} < {dim})"]
+                    checks.append(" & ".join(tests))
+            axes |= ax
+            if isinstance(idx, Affine):
+                for c, sym in idx.terms:
+                    scode, _ = self.symbol_code(sym, region)
+                    terms.append(_scaled(scode, c * stride))
+                constant += idx.offset * stride
+            else:
+                terms.append(_scaled(_paren(code), stride))
+            stride *= dim
+        terms.reverse()
+        text = " + ".join(terms) if terms else ""
+        if constant or not text:
+            text = f"{text} + {constant}" if text else str(constant)
+        return text.replace("+ -", "- "), axes, checks
+
+    def provable(self, idx: AxisIndex, dim: int, region: Region) -> bool:
+        def bounds(s: AnySymbol) -> tuple[int, int] | None:
+            if isinstance(s, IndexSymbol):
+                return None if s.size is None else (0, s.size - 1)
+            return region.bounds.get(s)
+
+        b = index_bounds(idx, bounds)
+        return b is not None and 0 <= b[0] and b[1] < dim
+
+    def lower_bound(self, idx: AxisIndex, region: Region) -> int | None:
+        def bounds(s: AnySymbol) -> tuple[int, int] | None:
+            if isinstance(s, IndexSymbol):
+                return (0, s.size - 1) if s.size is not None else (0, 2**31 - 1)
+            return region.bounds.get(s)
+
+        b = index_bounds(idx, bounds)
+        return None if b is None else b[0]
+
+    def mask(self, axes: frozenset[str], checks: list[str], region: Region) -> str | None:
+        parts = [region.masks[a] for a in sorted(axes) if a in region.masks] + checks
+        return " & ".join(parts) if parts else None
+
+    def canon_indices(self, indices: tuple[AxisIndex, ...], region: Region) -> tuple:
+        def canon(s: AnySymbol) -> Any:
+            return s if isinstance(s, IndexSymbol) else region.canon.get(s, s)
+
+        out = []
+        for idx in indices:
+            match idx:
+                case Fixed(index=i):
+                    out.append(("fixed", i))
+                case Iter(symbol=s):
+                    out.append(("iter", canon(s)))
+                case Affine(terms=terms, offset=off):
+                    out.append(("affine", tuple((c, canon(s)) for c, s in terms), off))
+        return tuple(out)
+
+    def position(self, e: Expr, dim: int, region: Region) -> Val:
+        """A data-dependent position, checked: out of range sets the error flag."""
+        v = self.expr(e, region)
+        code = v.code if not v.literal else v.code
+        name = self.temp(code, "pos")
+        self.checks_positions = True
+        outside = f"({name} < 0) | ({name} >= {dim})"
+        lanes = [region.masks[a] for a in sorted(v.axes) if a in region.masks]
+        mask = " & ".join(lanes + [f"({outside})"]) if lanes else outside
+        self.line(f"tl.store(error + {name} * 0, 1, mask={mask})")
+        return Val(name, v.axes, v.dtype)
+
+    # -- the register cache ------------------------------------------------------------------
+
+    def push(self) -> None:
+        self.cache.append({})
+
+    def pop(self) -> None:
+        self.cache.pop()
+
+    def lookup(self, key: Any) -> Val | None:
+        for scope in reversed(self.cache):
+            if key in scope:
+                return scope[key]
+        return None
+
+    def remember(self, key: Any, v: Val) -> None:
+        self.cache[-1][key] = v
+
+    def invalidate(self, node: TNode) -> None:
+        for scope in self.cache:
+            for key in [k for k in scope if k[0] is node]:
+                del scope[key]
+
+    # -- expressions ---------------------------------------------------------------------------
+
+    def atom_code(self, v: Val) -> str:
+        """``v``'s code, bound to a temporary first unless it is a name or a literal."""
+        if v.literal or _NAME_PATTERN.match(v.code):
+            return v.code
+        return self.temp(v.code)
+
+    def atom(self, v: Val) -> Val:
+        return v if v.literal or v.lanes is not None or _NAME_PATTERN.match(v.code) else replace(v, code=self.temp(v.code))
+
+    def tensor(self, v: Val) -> str:
+        """``v`` as a tensor (a literal becomes a 0-d tensor of its type)."""
+        if v.literal:
+            return f"tl.full([], {v.code}, {v.dtype.triton_name})"
+        return v.code
+
+    def load(self, e: Load, region: Region) -> Val:
+        key = (e.tnode, self.canon_indices(e.indices, region), e.oob_value)
+        hit = self.lookup(key)
+        if hit is not None:
+            return hit
+        if e.tnode in self.written:
+            self.reads_written = True
+        offset, axes, checks = self.offset(e.tnode, e.indices, region)
+        mask = self.mask(axes, checks, region)
+        ptr = self.node_names[e.tnode]
+        node = e.tnode
+        other = "" if mask is None else ", other=" + _other(e.oob_value or 0, node.dtype)
+        if node.dtype is dtypes.uint4x32:
+            lanes = tuple(self.temp(f"tl.load({ptr} + ({offset}) * 4 + {lane}{', mask=' + mask if mask else ''})", "w")
+                          for lane in range(4))
+            v = Val("", axes, node.dtype, lanes=lanes)
+        else:
+            code = f"tl.load({ptr} + {offset}{', mask=' + mask if mask else ''}{other})"
+            code += _from_storage(node.dtype)
+            v = Val(self.temp(code), axes, node.dtype.compute)
+        self.remember(key, v)
+        return v
+
+    def load_code(self, e: Load, region: Region, convert: bool = True) -> str:
+        offset, axes, checks = self.offset(e.tnode, e.indices, region)
+        mask = self.mask(axes, checks, region)
+        ptr = self.node_names[e.tnode]
+        if e.tnode in self.written:
+            self.reads_written = True
+        other = "" if mask is None else ", other=" + _other(e.oob_value or 0, e.tnode.dtype)
+        code = f"tl.load({ptr} + {offset}{', mask=' + mask if mask else ''}{other})"
+        return code + (_from_storage(e.tnode.dtype) if convert else "")
+
+    def expr(self, e: Expr, region: Region) -> Val:
+        match e:
+            case Const(value=tuple() as lanes):
+                return Val("", frozenset(), dtypes.uint4x32,
+                           lanes=tuple(f"tl.full([], {int(v)}, tl.uint32)" for v in lanes))
+            case Const(value=value, dtype=dtype):
+                return Val(_literal(value, dtype), frozenset(), dtype, literal=True)
+            case Load():
+                return self.load(e, region)
+            case LoadDynamic(tnode=node, axis=axis, position=p, indices=indices):
+                key = (node, ("dynamic", axis, p, self.canon_indices(indices, region)))
+                hit = self.lookup(key)
+                if hit is not None:
+                    return hit
+                pos = self.position(p, node.dims[axis], region)
+                offset, axes, checks = self.offset(node, indices, region, dynamic=(axis, pos))
+                mask = self.mask(axes, checks, region)
+                if node in self.written:
+                    self.reads_written = True
+                code = f"tl.load({self.node_names[node]} + {offset}, mask={mask}, other=0){_from_storage(node.dtype)}"
+                v = Val(self.temp(code), axes, node.dtype.compute)
+                self.remember(key, v)
+                return v
+            case Unary(op=Unop.UNIFORM1, x=x, to=to):
+                w = self.expr(x, region)
+                self.helpers.add(f"uniform1_{to.name}")
+                args = w.lanes[0] if to is dtypes.float32 else f"{w.lanes[0]}, {w.lanes[1]}"
+                return Val(f"uniform1_{to.name}({args})", w.axes, to)
+            case Unary(op=Unop.UINT4X32_OF, x=x):
+                v = self.expr(x, region)
+                self.helpers.add("uint4x32_of")
+                lanes = tuple(self.names.numbered("w") for _ in range(4))
+                self.line(f"{', '.join(lanes)} = uint4x32_of({self.tensor(v)})")
+                return Val("", v.axes, dtypes.uint4x32, lanes=lanes)
+            case Unary(op=op, x=x):
+                v = self.expr(x, region)
+                if v.literal and op in (Unop.NEG, Unop.ID):
+                    return v if op is Unop.ID else Val(_negate(v.code), frozenset(), v.dtype, literal=True)
+                return Val(self.unary(op, v), v.axes, v.dtype)
+            case Binary(op=Binop.THREEFRY4X32, a=a, b=b):
+                key, counter = self.expr(a, region), self.expr(b, region)
+                self.helpers.add("threefry4x32")
+                lanes = tuple(self.names.numbered("w") for _ in range(4))
+                self.line(f"{', '.join(lanes)} = threefry4x32({', '.join(key.lanes + counter.lanes)})")
+                return Val("", key.axes | counter.axes, dtypes.uint4x32, lanes=lanes)
+            case Binary(op=op, a=a, b=b):
+                x, y = self.expr(a, region), self.expr(b, region)
+                return Val(self.binary(op, x, y, e.dtype), x.axes | y.axes, e.dtype)
+            case Ternary(op=Ternop.WHERE, a=a, b=b, c=c):
+                cond, then, other = self.expr(a, region), self.expr(b, region), self.expr(c, region)
+                axes = cond.axes | then.axes | other.axes
+                if e.dtype is dtypes.uint4x32:
+                    ca = self.atom_code(cond) if not cond.literal else cond.code
+                    lanes = tuple(self.temp(f"tl.where({ca} != 0, {p}, {q})", "w")
+                                  for p, q in zip(then.lanes, other.lanes))
+                    return Val("", axes, e.dtype, lanes=lanes)
+                if then.literal and other.literal:
+                    then = replace(then, code=self.tensor(then), literal=False)
+                return Val(f"tl.where({cond.code} != 0, {then.code}, {other.code})", axes, e.dtype)
+            case Ternary(op=Ternop.FMA, a=a, b=b, c=c):
+                x, y, z = (self.expr(v, region) for v in (a, b, c))
+                axes = x.axes | y.axes | z.axes
+                if e.dtype.is_float:
+                    return Val(f"tl.fma({self.tensor(x)}, {self.tensor(y)}, {self.tensor(z)})", axes, e.dtype)
+                return Val(f"({self.arith(x, y, '*')} + {z.code})", axes, e.dtype)
+            case Ternary(op=Ternop.MUL3, a=a, b=b, c=c):
+                x, y, z = (self.expr(v, region) for v in (a, b, c))
+                xy = Val(self.arith(x, y, "*"), x.axes | y.axes, e.dtype)
+                return Val(self.arith(xy, z, "*"), xy.axes | z.axes, e.dtype)
+            case Cast(x=x, dtype=dtype):
+                v = self.expr(x, region)
+                if v.literal:
+                    raw = _literal_value(v.code)
+                    return Val(_literal(dtypes.round_to(dtype, raw), dtype), frozenset(), dtype, literal=True)
+                return Val(f"{_paren(v.code)}.to({dtype.triton_name})", v.axes, dtype)
+            case EmbedIndex(index=index, dtype=dtype):
+                code, axes = self.index_code(index, region)
+                if not axes and isinstance(index, Fixed):
+                    return Val(str(index.index), frozenset(), dtype, literal=True)
+                return Val(f"{_paren(code)}.to({dtype.triton_name})", axes, dtype)
+            case GetLocal(local=local):
+                return self.locals[local]
+            case LocalScope(local=local, body=body):
+                self.declare(local, region)
+                self.stmt(body, region)
+                return self.locals[local]
+        raise TypeError(f"the Triton emitter does not know the expression {e!r}")
+
+    def arith(self, x: Val, y: Val, symbol: str) -> str:
+        """``x symbol y`` with Triton's infix operators; a literal operand stays a literal when
+        the other is a tensor of a type that takes Python numbers without changing it."""
+        t = x.dtype
+        weak = t in (dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64)
+        if x.literal and (y.literal or not weak):
+            return f"({self.tensor(x)} {symbol} {y.code if weak else self.tensor(y)})"
+        if y.literal and not weak:
+            return f"({x.code} {symbol} {self.tensor(y)})"
+        return f"({x.code} {symbol} {y.code})"
+
+    def unary(self, op: Unop, v: Val) -> str:
+        t = v.dtype
+        zero, one = _literal(0, t), _literal(1, t)
+        x = self.tensor(v)
+        match op:
+            case Unop.ID:
+                return v.code
+            case Unop.NEG:
+                return f"(-{_paren(x)})"
+            case Unop.RELU:
+                a = self.atom_code(replace(v, code=x, literal=False))
+                return f"tl.where({a} > 0, {a}, {zero})"
+            case Unop.SAT01:
+                a = self.atom_code(replace(v, code=x, literal=False))
+                return f"tl.where({a} > 0, tl.where({a} < 1, {a}, {one}), {zero})"
+            case Unop.EXP | Unop.LOG | Unop.EXP2 | Unop.LOG2 | Unop.SIN | Unop.COS:
+                return f"tl.{op.value}({x})"
+            case Unop.SQRT:
+                return f"tl.sqrt_rn({x})" if t is dtypes.float32 else f"tl.sqrt({x})"
+            case Unop.RECIP:
+                return self.divide(Val(one, frozenset(), t, literal=True), replace(v, code=x, literal=False))
+            case Unop.RECIP_SQRT:
+                root = f"tl.sqrt_rn({x})" if t is dtypes.float32 else f"tl.sqrt({x})"
+                return self.divide(Val(one, frozenset(), t, literal=True), Val(root, v.axes, t))
+            case Unop.TANH:
+                self.helpers.add("tanh")
+                return f"tanh({x})"
+            case Unop.SIGMOID:
+                return self.divide(Val(one, frozenset(), t, literal=True), Val(f"({one} + tl.exp(-{_paren(x)}))", v.axes, t))
+            case Unop.ABS:
+                return f"tl.abs({x})"
+            case Unop.NOT:
+                return f"({_paren(x)} == 0).to({t.triton_name})"
+        raise TypeError(f"the Triton emitter does not know the operator {op.value}")
+
+    def divide(self, x: Val, y: Val) -> str:
+        t = x.dtype
+        if t is dtypes.float32:
+            if x.literal and y.literal:
+                return f"tl.div_rn({self.tensor(x)}, {y.code})"
+            return f"tl.div_rn({x.code}, {y.code})"
+        if t.is_float:
+            return self.arith(x, y, "/")
+        return self.arith(x, y, "//")
+
+    def binary(self, op: Binop, x: Val, y: Val, t: DType) -> str:
+        zero, one = _literal(0, t), _literal(1, t)
+        tn = t.triton_name
+        match op:
+            case Binop.ADD:
+                return self.arith(x, y, "+")
+            case Binop.SUB:
+                return self.arith(x, y, "-")
+            case Binop.MUL:
+                return self.arith(x, y, "*")
+            case Binop.DIV:
+                return self.divide(x, y)
+            case Binop.MOD:
+                return self.arith(x, y, "%")
+            case Binop.POW:
+                self.helpers.add("pow")
+                return f"pow({self.tensor(x)}, {self.tensor(y)})"
+            case Binop.MAX | Binop.MIN:
+                fn = "tl.maximum" if op is Binop.MAX else "tl.minimum"
+                # C's fmax/fmin: the non-NaN operand when one is NaN (Triton's default).
+                return f"{fn}({self.tensor(x)}, {y.code if not y.literal or t.is_float else self.tensor(y)})"
+            case Binop.LT | Binop.GT | Binop.EQ | Binop.NE:
+                sym = {Binop.LT: "<", Binop.GT: ">", Binop.EQ: "==", Binop.NE: "!="}[op]
+                return f"{self.arith(x, y, sym)}.to({tn})"
+            case Binop.RELU_GATE:
+                return f"tl.where({self.tensor(x)} > 0, {self.tensor(y)}, {zero})"
+            case Binop.SAT01_GATE:
+                a = self.atom_code(replace(x, code=self.tensor(x), literal=False))
+                return f"tl.where({a} > 0, tl.where({a} < 1, {self.tensor(y)}, {zero}), {zero})"
+            case Binop.AND:
+                return f"tl.where({self.tensor(x)} != 0, ({self.tensor(y)} != 0).to({tn}), {zero})"
+            case Binop.OR:
+                return f"tl.where({self.tensor(x)} != 0, {self.tensor(Val(one, frozenset(), t, literal=True))}, ({self.tensor(y)} != 0).to({tn}))"
+        raise TypeError(f"the Triton emitter does not know the operator {op.value}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+
+_EXACT_ACCUMULATORS = frozenset({dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64, dtypes.uint32})
+"""Accumulator types a tiled reduction computes as the loop does (half precision rounds on every
+store, so it stays sequential)."""
+
+
+def _accumulation(body: Stmt) -> tuple[Binop, Store | SetLocal, Expr] | None:
+    """``(op, statement, v)`` when ``body`` is ``c[I] := op(c[I], v)`` or ``l := op(l, v)`` with
+    ``op`` add, max or min."""
+    if isinstance(body, Store):
+        old: Expr = Load(body.tnode, body.indices)
+    elif isinstance(body, SetLocal):
+        old = GetLocal(body.local)
+    else:
+        return None
+    match body.value:
+        case Binary(op=Binop.ADD | Binop.MAX | Binop.MIN as op, a=a, b=b):
+            if a == old and not _mentions(b, old):
+                return op, body, b
+            if b == old and not _mentions(a, old):
+                return op, body, a
+    return None
+
+
+def _mentions(e: Expr, old: Expr) -> bool:
+    if isinstance(old, GetLocal):
+        return any(isinstance(x, GetLocal) and x.local is old.local for x in iter_exprs(e)) or any(
+            isinstance(x, LocalScope) for x in iter_exprs(e))
+    return any(isinstance(x, (Load, LoadDynamic)) and x.tnode is old.tnode for x in iter_exprs(e))
+
+
+def _inner_chains(body: Stmt) -> Iterator[tuple[int, ...]]:
+    """The extents of every loop chain inside a statement's body (for sizing ``RBLOCK``)."""
+    for s in iter_stmts(body):
+        if isinstance(s, For):
+            chain, _ = loop_chain(s)
+            yield tuple(loop.extent for loop in chain)
+
+
+def _symbols_of(idx: AxisIndex) -> tuple[AnySymbol, ...]:
+    if isinstance(idx, Iter):
+        return (idx.symbol,)
+    if isinstance(idx, Affine):
+        return tuple(s for _, s in idx.terms)
+    return ()
+
+
+def _cells(node: TNode) -> int:
+    return _product(node.dims)
+
+
+def _other(value: float | int, dtype: DType) -> str:
+    """The ``other=`` of a masked load: ``value`` as the buffer stores it."""
+    stored = _stored_value(value, dtype) if dtype is not dtypes.uint4x32 else 0
+    return str(stored) if dtype is dtypes.bfloat16 else _literal(stored, dtype if dtype is not dtypes.uint4x32 else dtypes.uint32)
+
+
+def _has_loop(body: Stmt) -> bool:
+    """Whether ``body`` has a loop of its own (local scopes aside)."""
+    if isinstance(body, For):
+        return True
+    return isinstance(body, Seq) and any(_has_loop(s) for s in body.stmts)
+
+
+def _sets_undeclared_local(body: Stmt) -> bool:
+    declared = {s.local for s in iter_stmts(body) if isinstance(s, DeclareLocal)}
+    for s in iter_stmts(body):
+        for e in stmt_exprs(s):
+            declared.update(x.local for x in iter_exprs(e) if isinstance(x, LocalScope))
+    return any(isinstance(s, SetLocal) and s.local not in declared for s in iter_stmts(body))
+
+
+def _from_storage(dtype: DType) -> str:
+    if dtype is dtypes.float16:
+        return ".to(tl.float32)"
+    if dtype is dtypes.bfloat16:
+        return ".to(tl.bfloat16, bitcast=True).to(tl.float32)"
+    return ""
+
+
+def _sixteen_bit_load(e: Expr) -> DType | None:
+    """The storage type of an operand that is a plain float16/bfloat16 load."""
+    if isinstance(e, Load) and e.oob_value in (None, 0, 0.0) and e.tnode.dtype in (dtypes.float16, dtypes.bfloat16):
+        return e.tnode.dtype
+    return None
+
+
+def _store(pointer: str, value: str, mask: str | None) -> str:
+    return f"tl.store({pointer}, {value}{', mask=' + mask if mask else ''})"
+
+
+def _paren(code: str) -> str:
+    return code if _NAME_PATTERN.match(code) or re.fullmatch(r"-?[0-9.e+-]+", code) or (
+        code.startswith("(") and _balanced_outer(code)) else f"({code})"
+
+
+def _balanced_outer(code: str) -> bool:
+    depth = 0
+    for k, ch in enumerate(code):
+        depth += ch == "("
+        depth -= ch == ")"
+        if depth == 0 and k < len(code) - 1:
+            return False
+    return True
+
+
+def _scaled(code: str, c: int) -> str:
+    return code if c == 1 else f"{_paren(code)} * {c}"
+
+
+def _negate(code: str) -> str:
+    return code[1:] if code.startswith("-") else f"-{code}"
+
+
+def _literal_value(code: str) -> float | int:
+    if code.startswith("float("):
+        return float(code[7:-2])
+    return float(code) if any(ch in code for ch in ".en") else int(code)
+
+
+def _comment(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _shorten(text: str, width: int = 92) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."

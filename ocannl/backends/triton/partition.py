@@ -1,0 +1,535 @@
+"""Kernel partitioning: the optimized loop IR of a routine cut into Triton kernels.
+
+A routine body is a sequence of top-level statements (loop nests, fills, scalar stores). Each
+kernel runs a contiguous run of them, in order, over one *grid*: a tuple of axes whose points are
+independent, each mapped to one loop of every statement in the kernel (that statement's *grid
+loops*). A program of the kernel takes a tile of grid points and runs, for each statement in
+turn, the statement with its grid loops removed (the remaining loops run inside the program:
+vectorized over an inner tile, or sequentially; see emit.py).
+
+**Which loops can be grid loops** (:func:`grid_candidates`). A loop of the outermost perfect
+chain of a nest (each loop's body is the next loop), such that every node the nest writes is
+written with the loop's bare index on one axis, and read, wherever the nest reads it, with the
+bare index on that same axis: then different iterations touch disjoint cells and can run in any
+order (a reduction loop outside a parallel one, ``for r: for p: b[p] += a[r, p]``, keeps its
+order inside each program). A scatter-add (``t[@(p), j] += v``, the gradient of ``oc.take``) is
+done with atomic adds, so it constrains no loop.
+
+**Which statements share a kernel** (:func:`partition`). A statement joins the kernel before it
+when its grid loops have the kernel's extents and the *signature rule* holds over the whole
+kernel: every access to a node some statement of the kernel writes has, for each grid axis, that
+axis's index at one common array axis. Then no program reads or overwrites a cell another
+program writes, so running each program's statements in order computes what the sequential
+loops compute. A statement whose grid would be longer joins with its first grid loops as the
+kernel's grid (the rest run inside each program) when it reads what the kernel wrote (the row
+softmax: a max over each row, then pointwise work on the row, then a sum, all one kernel); a
+kernel whose grid is longer than a following statement's is shortened to it on the same
+condition, never to no axis at all. Anything else starts a new kernel, so a later nest that reads
+what an earlier one wrote through another index pattern runs after it in its own kernel.
+
+**Contractions** (:class:`Contraction`): a nest ``c[I] (:= 0;) for k..: c[I] += a * b`` whose
+``a`` and ``b`` split the grid loops into rows (in ``a`` only) and columns (in ``b`` only) and
+share the reduction loops becomes a ``tl.dot`` kernel over row x column tiles. Pointwise nests
+that follow with the same grid (a bias add, a relu) join it as its epilogue, computed on the
+accumulator tile before it leaves the registers.
+
+Consecutive fills form one kernel of their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+from ocannl.lowlevel import dtypes
+from ocannl.lowlevel.indexing import Affine, AnySymbol, AxisIndex, IndexSymbol, Iter, Symbol
+from ocannl.lowlevel.ir import (
+    Binary,
+    Cast,
+    Comment,
+    Const,
+    DeclareLocal,
+    EmbedIndex,
+    Expr,
+    Fill,
+    For,
+    GetLocal,
+    Load,
+    LoadDynamic,
+    LocalScope,
+    Seq,
+    SetLocal,
+    Stmt,
+    Store,
+    StoreDynamic,
+    Ternary,
+    Unary,
+    iter_exprs,
+    iter_stmts,
+    seq,
+    stmt_exprs,
+)
+from ocannl.lowlevel.scalar_ops import Binop, Ternop
+from ocannl.lowlevel.tnode import TNode
+
+# ---------------------------------------------------------------------------------------------
+# Accesses
+
+
+@dataclass(frozen=True)
+class Access:
+    """One read or write of a node inside a statement, with its full index tuple (a dynamic axis
+    is ``None``)."""
+
+    node: TNode
+    indices: tuple[AxisIndex | None, ...]
+    write: bool
+
+
+def _full_indices(axis: int, indices: tuple[AxisIndex, ...]) -> tuple[AxisIndex | None, ...]:
+    return indices[:axis] + (None,) + indices[axis:]
+
+
+def accesses(stmt: Stmt) -> Iterator[Access]:
+    """Every node access of ``stmt`` (local scope bodies included); fills are not listed."""
+    for s in iter_stmts(stmt):
+        for e in stmt_exprs(s):
+            for sub in iter_exprs(e):
+                if isinstance(sub, Load):
+                    yield Access(sub.tnode, sub.indices, False)
+                elif isinstance(sub, LoadDynamic):
+                    yield Access(sub.tnode, _full_indices(sub.axis, sub.indices), False)
+        if isinstance(s, Store):
+            yield Access(s.tnode, s.indices, True)
+        elif isinstance(s, StoreDynamic):
+            yield Access(s.tnode, _full_indices(s.axis, s.indices), True)
+
+
+def scatter_add_nodes(stmt: Stmt) -> frozenset[TNode]:
+    """Nodes that ``stmt`` only updates by scatter-adds ``t[@(p), J] := t[@(p), J] + v`` (``v``
+    not reading ``t``), done with atomic adds on a dtype that has them."""
+    found: set[TNode] = set()
+    other: set[TNode] = set()
+    for s in iter_stmts(stmt):
+        if isinstance(s, StoreDynamic) and _scatter_add_value(s) is not None:
+            found.add(s.tnode)
+    for a in accesses(stmt):
+        if a.node in found:
+            continue
+        other.add(a.node)
+    atomic = {dtypes.float32, dtypes.float64, dtypes.int32, dtypes.uint32, dtypes.int64}
+    # Reads of t inside a scatter-add's own value are part of the atomic update.
+    ok = set()
+    for node in found:
+        if node.dtype not in atomic:
+            continue
+        plain = [a for s in iter_stmts(stmt) for a in _non_atomic_accesses(s, node)]
+        if not plain:
+            ok.add(node)
+    return frozenset(ok)
+
+
+def _scatter_add_value(s: StoreDynamic) -> Expr | None:
+    """The added value ``v`` of a scatter-add ``t[@(p), J] := t[@(p), J] + v``, else ``None``."""
+    match s.value:
+        case Binary(op=Binop.ADD, a=LoadDynamic() as old, b=v) | Binary(op=Binop.ADD, a=v, b=LoadDynamic() as old):
+            if (old.tnode, old.axis, old.position, old.indices) == (s.tnode, s.axis, s.position, s.indices):
+                if not any(isinstance(e, (Load, LoadDynamic)) and e.tnode is s.tnode for e in iter_exprs(v)):
+                    return v
+    return None
+
+
+def _non_atomic_accesses(s: Stmt, node: TNode) -> Iterator[Access]:
+    """The accesses of ``node`` by statement ``s`` itself that are not part of a scatter-add."""
+    if isinstance(s, StoreDynamic) and s.tnode is node and _scatter_add_value(s) is not None:
+        exprs: tuple[Expr, ...] = (s.position, _scatter_add_value(s))
+    else:
+        exprs = stmt_exprs(s)
+        if isinstance(s, (Store, StoreDynamic)) and s.tnode is node:
+            yield Access(node, (), True)
+    for e in exprs:
+        for sub in iter_exprs(e):
+            if isinstance(sub, (Load, LoadDynamic)) and sub.tnode is node:
+                yield Access(node, (), False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loop chains and grid candidates
+
+
+def loop_chain(stmt: Stmt) -> tuple[list[For], Stmt]:
+    """The outermost perfect chain of loops of ``stmt`` (each loop's body the next loop) and the
+    body of the innermost one."""
+    chain: list[For] = []
+    while isinstance(stmt, For):
+        chain.append(stmt)
+        stmt = stmt.body
+    return chain, stmt
+
+
+def _sets_outer_local(loop: For) -> bool:
+    """Whether the loop body sets a local it does not declare (a reduction into a local)."""
+    declared = {s.local for s in iter_stmts(loop.body) if isinstance(s, DeclareLocal)}
+    for s in iter_stmts(loop.body):
+        for e in stmt_exprs(s):
+            declared.update(x.local for x in iter_exprs(e) if isinstance(x, LocalScope))
+    return any(isinstance(s, SetLocal) and s.local not in declared for s in iter_stmts(loop.body))
+
+
+def axis_positions(access: Access, symbol: AnySymbol) -> frozenset[int]:
+    return frozenset(k for k, idx in enumerate(access.indices) if idx == Iter(symbol))
+
+
+def signature_ok(statements: Iterable[tuple[Stmt, tuple[Symbol, ...], frozenset[TNode]]], n_axes: int) -> bool:
+    """The signature rule (module docstring): each statement comes with its grid loops (one per
+    kernel axis) and its atomically updated nodes."""
+    statements = list(statements)
+    written: set[TNode] = set()
+    atomic: set[TNode] = set()
+    for stmt, _, scatter in statements:
+        atomic |= scatter
+        written |= {a.node for a in accesses(stmt) if a.write}
+        written |= {s.tnode for s in iter_stmts(stmt) if isinstance(s, Fill)}
+    for stmt, _, scatter in statements:
+        for a in accesses(stmt):
+            if a.node in atomic and a.node not in scatter:
+                return False  # updated atomically by one statement, accessed plainly by another
+    common: dict[TNode, list[frozenset[int]]] = {}
+    for stmt, grid, scatter in statements:
+        for a in accesses(stmt):
+            if a.node not in written or a.node in scatter:
+                continue
+            positions = [axis_positions(a, grid[t]) for t in range(n_axes)]
+            if a.node not in common:
+                common[a.node] = positions
+            else:
+                common[a.node] = [p & q for p, q in zip(common[a.node], positions)]
+            if any(not p for p in common[a.node]):
+                return False
+    return True
+
+
+def grid_candidates(stmt: Stmt) -> list[For]:
+    """The loops of ``stmt``'s outer perfect chain that may run as grid axes, in chain order."""
+    chain, _ = loop_chain(stmt)
+    scatter = scatter_add_nodes(stmt)
+    out = []
+    for loop in chain:
+        if loop.extent < 1 or _sets_outer_local(loop):
+            continue
+        if not any(a.write for a in accesses(stmt)) and not scatter:
+            continue
+        if signature_ok([(stmt, (loop.symbol,), scatter)], 1):
+            out.append(loop)
+    return out
+
+
+def without_loops(stmt: Stmt, removed: Iterable[Symbol]) -> Stmt:
+    """``stmt`` with the loops of its outer chain over ``removed`` taken out (the grid loops)."""
+    removed = set(removed)
+    chain, body = loop_chain(stmt)
+    for loop in reversed(chain):
+        if loop.symbol not in removed:
+            body = For(loop.symbol, loop.extent, body, loop.kind)
+    return body
+
+
+# ---------------------------------------------------------------------------------------------
+# Contractions
+
+
+@dataclass(frozen=True)
+class Contraction:
+    """``target[indices] (:= reset;) for k..: target[indices] += a * b``, with the grid loops
+    split into ``rows`` (read by ``a`` only), ``cols`` (by ``b`` only) and ``batch`` (the rest);
+    ``k`` are the reduction loops, in nesting order."""
+
+    target: TNode
+    indices: tuple[AxisIndex, ...]
+    reset: Const | None
+    a: Expr
+    b: Expr
+    rows: tuple[Symbol, ...]
+    cols: tuple[Symbol, ...]
+    batch: tuple[Symbol, ...]
+    k: tuple[tuple[Symbol, int], ...]
+
+
+def expr_symbols(e: Expr) -> set[AnySymbol]:
+    out: set[AnySymbol] = set()
+    for sub in iter_exprs(e):
+        if isinstance(sub, (Load, LoadDynamic)):
+            for idx in sub.indices:
+                out |= _index_symbols(idx)
+        elif isinstance(sub, EmbedIndex):
+            out |= _index_symbols(sub.index)
+    return out
+
+
+def _index_symbols(idx: AxisIndex) -> set[AnySymbol]:
+    if isinstance(idx, Iter):
+        return {idx.symbol}
+    if isinstance(idx, Affine):
+        return {s for _, s in idx.terms}
+    return set()
+
+
+def _plain(e: Expr) -> bool:
+    """An operand the dot template can tile: loads (affine, maybe padded) and arithmetic on them,
+    no locals, gathers or PRNG."""
+    return all(isinstance(x, (Load, Const, Unary, Binary, Ternary, Cast, EmbedIndex)) for x in iter_exprs(e)) and all(
+        x.dtype is not dtypes.uint4x32 for x in iter_exprs(e)
+    )
+
+
+def _product_of_accumulation(store: Store) -> tuple[Expr, Expr] | None:
+    """``(a, b)`` when ``store`` is ``c[I] := c[I] + a * b`` (or its fma form)."""
+    old = Load(store.tnode, store.indices)
+    match store.value:
+        case Binary(op=Binop.ADD, a=x, b=Binary(op=Binop.MUL, a=a, b=b)) if x == old:
+            return a, b
+        case Binary(op=Binop.ADD, a=Binary(op=Binop.MUL, a=a, b=b), b=x) if x == old:
+            return a, b
+        case Ternary(op=Ternop.FMA, a=a, b=b, c=x) if x == old:
+            return a, b
+    return None
+
+
+def find_contraction(stmt: Stmt, grid: tuple[Symbol, ...]) -> Contraction | None:
+    """The contraction ``stmt`` computes over its ``grid`` loops, if the dot template applies:
+    a float32 target, operands that split the grid into non-empty rows and columns and both
+    read every reduction loop."""
+    body = without_loops(stmt, grid)
+    reset: Const | None = None
+    if isinstance(body, Seq) and len(body.stmts) == 2 and isinstance(body.stmts[0], Store):
+        first, body = body.stmts
+        if not isinstance(first.value, Const):
+            return None
+        reset = first.value
+    else:
+        first = None
+    chain, store = loop_chain(body)
+    if not chain or not isinstance(store, Store) or store.skip_oob:
+        return None
+    if first is not None and (first.tnode, first.indices, first.skip_oob) != (store.tnode, store.indices, False):
+        return None
+    if store.tnode.dtype is not dtypes.float32:
+        return None
+    operands = _product_of_accumulation(store)
+    if operands is None:
+        return None
+    a, b = operands
+    if not (_plain(a) and _plain(b)):
+        return None
+    if any(isinstance(x, Load) and x.tnode is store.tnode for e in (a, b) for x in iter_exprs(e)):
+        return None
+    k_symbols = {loop.symbol for loop in chain}
+    sa, sb = expr_symbols(a), expr_symbols(b)
+    if not k_symbols <= (sa & sb):
+        return None
+    if any(isinstance(s, Symbol) and s not in k_symbols and s not in grid for s in sa | sb):
+        return None
+    if k_symbols & expr_symbols_of_indices(store.indices):
+        return None
+    rows = tuple(s for s in grid if s in sa and s not in sb)
+    cols = tuple(s for s in grid if s in sb and s not in sa)
+    if not rows or not cols:
+        return None
+    batch = tuple(s for s in grid if s not in rows and s not in cols)
+    return Contraction(store.tnode, store.indices, reset, a, b, rows, cols, batch,
+                       tuple((loop.symbol, loop.extent) for loop in chain))
+
+
+def expr_symbols_of_indices(indices: tuple[AxisIndex, ...]) -> set[AnySymbol]:
+    out: set[AnySymbol] = set()
+    for idx in indices:
+        out |= _index_symbols(idx)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels
+
+
+@dataclass(frozen=True)
+class Part:
+    """One top-level statement of a kernel: ``grid`` are its loops running as the kernel's grid
+    axes (one per axis, in axis order), ``body`` what each grid point runs (the statement without
+    those loops), ``scatter`` the nodes it updates with atomic adds."""
+
+    stmt: Stmt
+    grid: tuple[Symbol, ...]
+    body: Stmt
+    scatter: frozenset[TNode]
+
+
+@dataclass
+class Kernel:
+    """A run of top-level statements launched as one Triton kernel. ``tiling`` is ``"flat"``
+    (grid points flattened into one tiled axis), ``"dot"`` (a contraction: row x column tiles)
+    or ``"fill"`` (whole-buffer fills)."""
+
+    tiling: str
+    extents: tuple[int, ...]
+    parts: list[Part] = field(default_factory=list)
+    contraction: Contraction | None = None
+    comments: list[str] = field(default_factory=list)
+    locals: set = field(default_factory=set)
+    """Locals declared by a top-level statement of the kernel."""
+
+    @property
+    def fills(self) -> list[Fill]:
+        return [p.stmt for p in self.parts if isinstance(p.stmt, Fill)]
+
+    def writes(self) -> set[TNode]:
+        out: set[TNode] = set()
+        for p in self.parts:
+            out |= {a.node for a in accesses(p.stmt) if a.write}
+            out |= {s.tnode for s in iter_stmts(p.stmt) if isinstance(s, Fill)}
+        return out
+
+
+def _place(stmt: Stmt, loops: list[For]) -> Part:
+    grid = tuple(loop.symbol for loop in loops)
+    return Part(stmt, grid, without_loops(stmt, grid), scatter_add_nodes(stmt))
+
+
+def _reads(stmt: Stmt) -> set[TNode]:
+    return {a.node for a in accesses(stmt) if not a.write}
+
+
+def _extents(loops: list[For]) -> tuple[int, ...]:
+    return tuple(loop.extent for loop in loops)
+
+
+def _free_locals(stmt: Stmt) -> bool:
+    """Whether ``stmt`` uses a local it does not declare (one declared by an earlier top-level
+    statement)."""
+    declared = {s.local for s in iter_stmts(stmt) if isinstance(s, DeclareLocal)}
+    used = set()
+    for s in iter_stmts(stmt):
+        if isinstance(s, SetLocal):
+            used.add(s.local)
+        for e in stmt_exprs(s):
+            for x in iter_exprs(e):
+                if isinstance(x, LocalScope):
+                    declared.add(x.local)
+                elif isinstance(x, GetLocal):
+                    used.add(x.local)
+    return bool(used - declared)
+
+
+def partition(body: Stmt) -> list[Kernel]:
+    """The kernels of a routine body, in launch order (module docstring)."""
+    statements = [s for s in (body.stmts if isinstance(body, Seq) else (body,)) if s != Seq(())]
+    last_use = _last_uses(statements)
+    kernels: list[Kernel] = []
+    comments: list[str] = []
+    current: Kernel | None = None
+    for position, stmt in enumerate(statements):
+        if isinstance(stmt, Comment):
+            comments.append(stmt.text)
+            continue
+        pinned = current is not None and any(last_use.get(local, -1) >= position for local in current.locals)
+        if pinned:
+            # A local declared at the top level lives in one kernel: its users join it.
+            current.parts.append(_place(stmt, []) if not isinstance(stmt, Fill) else Part(stmt, (), stmt, frozenset()))
+            current.comments.extend(comments)
+        elif current is None or not _join(current, stmt, comments):
+            current = _new_kernel(stmt, comments)
+            kernels.append(current)
+        if isinstance(stmt, DeclareLocal):
+            current.locals.add(stmt.local)
+        comments = []
+    if comments and kernels:
+        kernels[-1].comments.extend(comments)
+    return kernels
+
+
+def _last_uses(statements: list[Stmt]) -> dict:
+    """For each local declared at the top level, the position of the last statement using it."""
+    out: dict = {}
+    for position, stmt in enumerate(statements):
+        for s in iter_stmts(stmt):
+            if isinstance(s, (DeclareLocal, SetLocal)):
+                out[s.local] = position
+            for e in stmt_exprs(s):
+                for x in iter_exprs(e):
+                    if isinstance(x, GetLocal):
+                        out[x.local] = position
+    return out
+
+
+def _new_kernel(stmt: Stmt, comments: list[str]) -> Kernel:
+    if isinstance(stmt, Fill):
+        k = Kernel("fill", (), [Part(stmt, (), stmt, frozenset())])
+    elif isinstance(stmt, (DeclareLocal, SetLocal)):
+        k = Kernel("flat", (), [_place(stmt, [])])
+    else:
+        loops = grid_candidates(stmt)
+        contraction = find_contraction(stmt, tuple(loop.symbol for loop in loops)) if loops else None
+        k = Kernel("dot" if contraction else "flat", _extents(loops), [_place(stmt, loops)], contraction)
+    k.comments.extend(comments)
+    return k
+
+
+def _join(kernel: Kernel, stmt: Stmt, comments: list[str]) -> bool:
+    """Add ``stmt`` to ``kernel`` if the rules of the module docstring allow it."""
+    if kernel.tiling == "fill" or isinstance(stmt, Fill):
+        if kernel.tiling != "fill" or not isinstance(stmt, Fill):
+            return False
+        kernel.parts.append(Part(stmt, (), stmt, frozenset()))
+        kernel.comments.extend(comments)
+        return True
+    if isinstance(stmt, (DeclareLocal, SetLocal)):
+        if kernel.tiling != "flat" or kernel.extents:
+            return False
+        return _append(kernel, _place(stmt, []), comments)
+    loops = grid_candidates(stmt)
+    n = len(kernel.extents)
+    depends = bool(_reads(stmt) & kernel.writes()) or bool(_writes_read(kernel, stmt))
+    own_contraction = find_contraction(stmt, tuple(loop.symbol for loop in loops)) if loops else None
+    if kernel.tiling == "dot":
+        if _extents(loops) != kernel.extents or own_contraction is not None:
+            return False
+        part = _place(stmt, loops)
+        if any(isinstance(s, For) for s in iter_stmts(part.body)):
+            return False
+        return _append(kernel, part, comments)
+    if _extents(loops) == kernel.extents:
+        if own_contraction is not None:
+            return False
+        return _append(kernel, _place(stmt, loops), comments)
+    if not depends or own_contraction is not None:
+        return False
+    if len(loops) > n >= 1 and _extents(loops[:n]) == kernel.extents:
+        return _append(kernel, _place(stmt, loops[:n]), comments)
+    m = len(loops)
+    if 1 <= m < n and kernel.extents[:m] == _extents(loops):
+        shortened = [Part(p.stmt, p.grid[:m], without_loops(p.stmt, p.grid[:m]), p.scatter) for p in kernel.parts]
+        part = _place(stmt, loops)
+        if not signature_ok([(p.stmt, p.grid, p.scatter) for p in shortened + [part]], m):
+            return False
+        kernel.parts[:] = shortened
+        kernel.extents = kernel.extents[:m]
+        kernel.parts.append(part)
+        kernel.comments.extend(comments)
+        return True
+    return False
+
+
+def _writes_read(kernel: Kernel, stmt: Stmt) -> set[TNode]:
+    """Nodes ``stmt`` writes that the kernel reads (a write-after-read dependence)."""
+    read = set().union(*(_reads(p.stmt) for p in kernel.parts))
+    return {a.node for a in accesses(stmt) if a.write} & read
+
+
+def _append(kernel: Kernel, part: Part, comments: list[str]) -> bool:
+    n = len(kernel.extents)
+    if not signature_ok([(p.stmt, p.grid, p.scatter) for p in kernel.parts + [part]], n):
+        return False
+    kernel.parts.append(part)
+    kernel.comments.extend(comments)
+    return True
+
+
