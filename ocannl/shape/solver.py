@@ -587,8 +587,10 @@ class Solver:
         stages = (
             self._close_param_rows_with_bounds,
             self._close_param_dims_with_bounds,
-            self._close_result_dims,
+            self._close_fixed_index_dims,
+            self._close_result_dims_with_bounds,
             self._close_result_rows_with_bounds,
+            self._close_broadcasts_of_one,
             self._forbid_guessing_param_outputs,
             self._close_result_rows,
             self._close_remaining_rows,
@@ -684,14 +686,15 @@ class Solver:
                 done = True
         return done
 
-    def _close_result_dims(self) -> bool:
-        done = False
+    def _result_dims(self):
         for v, shape, kind in self._open_vars()[1]:
-            if shape.is_terminal:
-                continue
             info = self.dim_info.get(v)
-            if info is None:
-                continue
+            if not shape.is_terminal and info is not None:
+                yield v, info
+
+    def _close_fixed_index_dims(self) -> bool:
+        done = False
+        for v, info in self._result_dims():
             if info.closes_to:
                 # Written at fixed index k, it closes to k+1, unless another use indexes it
                 # further: that use fixes it larger (DESIGN.md §4; the original closes an
@@ -699,13 +702,29 @@ class Solver:
                 n = max(info.closes_to, info.at_least)
                 self._decide_dim(v, n, f"written at fixed index {info.closes_to - 1}" if n == info.closes_to
                                  else f"indexed at position {n - 1}")
-            elif info.bounds:
+                done = True
+        return done
+
+    def _close_result_dims_with_bounds(self) -> bool:
+        """Results learn sizes from their uses first; each round moves the knowledge one op
+        down a chain of pointwise ops, so no dim is defaulted while a use could still fix it."""
+        done = False
+        for v, info in self._result_dims():
+            if info.bounds:
                 self._decide_dim(v, info.bounds[0][0], "learned from its use")
-            elif info.operand_of_one:
+                done = True
+        return done
+
+    def _close_broadcasts_of_one(self) -> bool:
+        """A dim that only ever meets size-1 operands closes to 1 — parameters' dims too: in the
+        moons demo ``y * mlp(x)`` with labels of output ``[1]`` gives the last weight output
+        ``[1]`` (the original equates it with the labels' explicit 1)."""
+        done = False
+        for v, shape, kind in self._open_vars()[1]:
+            info = self.dim_info.get(v)
+            if info is not None and info.operand_of_one:
                 self._decide_dim(v, 1, "broadcast of size-1 operands only")
-            else:
-                continue
-            done = True
+                done = True
         return done
 
     def _close_result_rows_with_bounds(self) -> bool:
