@@ -26,6 +26,7 @@ test-all: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/shape_scaling.py
+	$(PY) -m bench.gemm
 
 golden: $(STAMP)
 	$(PY) -m pytest tests --update-golden

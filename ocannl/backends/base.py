@@ -310,6 +310,8 @@ class Routine:
         self._inputs: frozenset[TNode] = frozenset()
         self._inlined: frozenset[TNode] = frozenset()
         """Nodes this routine computes inline (virtualized): they get no buffer."""
+        self._nodes = tuple(dict.fromkeys(ir.reads + ir.writes))
+        self._context_ref = weakref.ref(context)
 
     @property
     def name(self) -> str:
@@ -333,15 +335,15 @@ class Routine:
                     f"(virtualized) without storing it: call mark_materialized on it (ocannl.lowlevel.tnode) "
                     f"before compiling {inlined[node]}"
                 )
-        buffers = {node: self.context._buffer(node) for node in self.ir.reads + self.ir.writes}
+        buffers = {node: self.context._buffer(node) for node in self._nodes}
         self._executable.run(buffers, self._bindings)
         self.context.stats.runs += 1
         for node in self._inlined:
             inlined[node] = self.name
+        context_ref = self._context_ref
         for node in self.ir.writes:
             inlined.pop(node, None)
-        for node in self.ir.writes:
-            _last_writer[node.id] = weakref.ref(self.context)
+            _last_writer[node.id] = context_ref
 
     def _bind(self, key: str, value: Any) -> None:
         symbol = self._symbols.get(key)

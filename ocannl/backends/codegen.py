@@ -377,7 +377,7 @@ def parallel_safe(loop: For) -> bool:
     it writes is read back only at the cell the same iteration writes."""
     if loop.kind is not LoopKind.PARALLEL:
         return False
-    written: dict[TNode, set[tuple[AxisIndex, ...]]] = {}
+    written: dict[TNode, set[tuple[AxisIndex, ...] | None]] = {}  # None: a dynamic index
     for s in iter_stmts(loop.body):
         if isinstance(s, Fill):
             return False
@@ -434,16 +434,14 @@ class Emitter:
         self.tile_function = tile_function
         self.namer = Namer()
         format_routine(routine, self.namer)  # number loops and locals exactly as the .ll file
-        nodes = dict.fromkeys(routine.reads + routine.writes)
-        for s in iter_stmts(routine.body):
-            if isinstance(s, Fill):
-                nodes[s.tnode] = None
         taken = set(reserved) | {function_name}
         self.nodes: dict[TNode, str] = {}
-        for node in sorted(nodes, key=lambda n: (n.name, n.id)):
+        for node in sorted(set(routine.reads + routine.writes), key=lambda n: (n.name, n.id)):
             name = node.name
             if name in taken or name.lower().startswith(("ocannl", f"{function_name}_tile")) or syntax.reserved_name(name):
                 name = f"{name}_{node.id}"
+            while name in taken:
+                name += "_"
             taken.add(name)
             self.nodes[node] = name
         self.written = set(routine.writes)
@@ -623,7 +621,7 @@ class Emitter:
             self.line("}")
         lines, self._out, self._depth = self._out.lines, saved_out, saved_depth
         if self.tile_function is None:
-            self._out.lines.extend("  " * (self._depth - 1) + x for x in lines)
+            self._out.lines.extend(lines)
             return
         name = f"{self.function_name}_tile{len(self.functions)}"
         params, args = self._tile_params(plan.nest)

@@ -2,7 +2,9 @@
 (compiler.py), loaded with ctypes and called on the context's numpy arrays in place.
 
 OpenMP threads sleep between parallel loops (``OMP_WAIT_POLICY=PASSIVE`` unless the environment
-says otherwise): spinning threads would compete with numpy's and torch's own thread pools.
+says otherwise): spinning threads would compete with numpy's and torch's own thread pools. As
+with any OpenMP program, a process that forks after running a kernel must not run kernels in the
+child (use the ``spawn`` start method of multiprocessing), or set ``OCANNL_C_OPENMP=0``.
 """
 
 from __future__ import annotations
@@ -13,10 +15,9 @@ from typing import Mapping
 
 import numpy as np
 
-from ocannl.backends.c.compiler import toolchain, compile_shared
+from ocannl.backends.c.compiler import compile_shared, toolchain
 from ocannl.backends.c.emit import CSource, emit_c
 from ocannl.errors import BackendUnavailable, IndexBindingError, OutOfBoundsError
-from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.indexing import IndexSymbol
 from ocannl.lowlevel.ir import RoutineIR
 from ocannl.lowlevel.tnode import TNode
@@ -55,23 +56,15 @@ class CExecutable:
         self._function.restype = ctypes.c_int
         self._function.argtypes = [ctypes.c_void_p] * len(source.nodes) + [ctypes.c_int] * len(source.symbols)
         self._sizes = [n.size * n.dtype.lanes for n in source.nodes]
+        self._checked: list[np.ndarray] | None = None
+        self._addresses: list[int] = []
 
     def run(self, buffers: Mapping[TNode, np.ndarray], bindings: Mapping[IndexSymbol, int]) -> None:
-        args: list[int] = []
-        spans = []
-        for node, size in zip(self.source.nodes, self._sizes):
-            array = buffers[node]
-            if array.dtype != node.dtype.storage or array.size != size or not array.flags.c_contiguous:
-                raise ValueError(
-                    f"the buffer of {node.debug_name} must be a C-contiguous {node.dtype.storage} array "
-                    f"of {size} elements, got {array.dtype} {array.shape}"
-                )
-            if not array.flags.writeable and node in self.routine.writes:
-                raise ValueError(f"the buffer of {node.debug_name} is read-only but routine {self.routine.name} writes it")
-            address = array.__array_interface__["data"][0]
-            args.append(address)
-            spans.append((address, address + array.nbytes, node))
-        _check_disjoint(spans)
+        arrays = [buffers[node] for node in self.source.nodes]
+        if self._checked is None or any(a is not b for a, b in zip(arrays, self._checked)):
+            self._addresses = self._check_buffers(arrays)
+            self._checked = arrays  # the same arrays next run: their addresses stay valid
+        args = list(self._addresses)
         for symbol in self.source.symbols:
             value = int(bindings[symbol])
             if value < 0 or (symbol.size is not None and value >= symbol.size):
@@ -83,6 +76,24 @@ class CExecutable:
             if site.kind == "division":
                 raise ZeroDivisionError(site.message)
             raise OutOfBoundsError(site.message)
+
+    def _check_buffers(self, arrays: list[np.ndarray]) -> list[int]:
+        """The arrays' addresses, after checking each fits its node and none overlap."""
+        args: list[int] = []
+        spans = []
+        for node, size, array in zip(self.source.nodes, self._sizes, arrays):
+            if array.dtype != node.dtype.storage or array.size != size or not array.flags.c_contiguous:
+                raise ValueError(
+                    f"the buffer of {node.debug_name} must be a C-contiguous {node.dtype.storage} array "
+                    f"of {size} elements, got {array.dtype} {array.shape}"
+                )
+            if not array.flags.writeable and node in self.routine.writes:
+                raise ValueError(f"the buffer of {node.debug_name} is read-only but routine {self.routine.name} writes it")
+            address = array.__array_interface__["data"][0]
+            args.append(address)
+            spans.append((address, address + array.nbytes, node))
+        _check_disjoint(spans)
+        return args
 
 
 def _check_disjoint(spans: list[tuple[int, int, TNode]]) -> None:

@@ -98,7 +98,7 @@ from ocannl.backends.triton.partition import (
     signature_ok,
 )
 
-HELPERS = ("tanh", "pow", "threefry4x32", "uint4x32_of", "uniform1_float32", "uniform1_float64")
+HELPERS = ("tanh", "pow", "threefry4x32", "uint4x32_of", "uniform1_float32", "uniform1_float64", "bfloat16_bits")
 """The device functions of ocannl/backends/triton/tlib.py a module may import."""
 
 _NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*$")
@@ -360,6 +360,8 @@ class KernelWriter:
         self.top = 0
         self.scatter: frozenset[TNode] = frozenset()
         self.persistent_rindex: str | None = None
+        self.dot_site: For | None = None
+        self.sixteen = False
         self._params(name)
 
     # -- parameters and names --------------------------------------------------------------
@@ -451,12 +453,12 @@ class KernelWriter:
     def docstring(self) -> list[str]:
         k = self.kernel
         out = []
-        what = {"flat": "grid", "dot": "tl.dot tiles over grid", "fill": "fills"}[k.tiling]
         if k.tiling == "fill":
             out.append(f"Fills {', '.join(f.tnode.name for f in k.fills)}.")
         else:
-            dims = " x ".join(map(str, k.extents)) or "a single program"
-            out.append(f"{what.capitalize()} {dims}" + (": " + "; ".join(_comment(c) for c in k.comments) if k.comments else "."))
+            dims = "grid " + " x ".join(map(str, k.extents)) if k.extents else "one program"
+            what = f"{'Tiled tl.dot' if k.tiling == 'dot' else 'Flat'} kernel over {dims}"
+            out.append(what + (": " + "; ".join(_comment(c) for c in k.comments) if k.comments else "."))
         out.append("")
         namer = Namer()
         for p in k.parts:
@@ -559,8 +561,8 @@ class KernelWriter:
         k_e = tuple(e for _, e in c.k)
         M, N, K, B = _product(rows_e), _product(cols_e), _product(k_e), _product(batch_e)
         a16, b16 = _sixteen_bit_load(c.a), _sixteen_bit_load(c.b)
-        sixteen = a16 is not None and b16 is not None and a16 is b16
-        blocks = tiling.dot_blocks(M, N, K, sixteen)
+        self.sixteen = a16 is not None and a16 is b16
+        blocks = tiling.dot_blocks(M, N, K, self.sixteen)
         self.constexprs.update(BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n, BLOCK_K=blocks.block_k,
                                GROUP_M=blocks.group_m)
         npm, npn = -(-M // blocks.block_m), -(-N // blocks.block_n)
@@ -573,7 +575,7 @@ class KernelWriter:
             pb = self.names.word("pid_b")
             self.line(f"{pb} = {pid} // {tiles}")
             pid = self.temp(f"{pid} % {tiles}", "pid")
-        # Grouped order: GROUP_M row tiles share each column sweep (operands stay in L2).
+        # Grouped order: GROUP_M row tiles share each column sweep (operand tiles stay in L2).
         group = self.temp(f"{pid} // (GROUP_M * {npn})", "group")
         first_m = self.temp(f"{group} * GROUP_M", "first_m")
         size_m = self.temp(f"tl.minimum({npm} - {first_m}, GROUP_M)", "group_size")
@@ -595,21 +597,26 @@ class KernelWriter:
                 code[sym] = (d if len(c.batch) == 1 else self.temp(d, "b"), frozenset())
         self.axis_codes = [code[s][0] for s in first.grid]
         self.dot_axis_tiles = [set(code[s][1]) for s in first.grid]
+        self.dot_site = c.site
+        self.dot_k_extents = k_e
         region = Region({}, {}, {}, {"m": mmask, "n": nmask}, frozenset({"m", "n"}), "[BLOCK_M, BLOCK_N]")
-        r = region.child()
-        for t, sym in enumerate(first.grid):
-            r.symbols[sym] = code[sym]
-            r.bounds[sym] = (0, k.extents[t] - 1)
-            r.canon[sym] = ("grid", t)
-        # The accumulator: the cell's value before the reduction.
-        acc = self.names.word("acc")
-        if c.reset is not None:
-            v = float(dtypes.round_to(dtypes.float32, c.reset.value))
-            self.line(f"{acc} = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)" if v == 0 and not math.copysign(1, v) < 0
-                      else f"{acc} = tl.full([BLOCK_M, BLOCK_N], {_literal(v, dtypes.float32)}, tl.float32)")
+        for part in k.parts:
+            self.part(part, region)
+        return B * tiles, blocks.num_warps, blocks.num_stages
+
+    def dot_loop(self, site: For, region: Region) -> None:
+        """The contraction at ``site``: its accumulator's tile, then ``tl.dot`` over K tiles."""
+        c: Contraction = self.kernel.contraction
+        acc_stmt = c.accumulator
+        if isinstance(acc_stmt, Store):
+            acc = self.names.word("acc")
+            old = self.load(Load(acc_stmt.tnode, acc_stmt.indices), region)
+            self.line(f"{acc} = {self.broadcast(old, region)}")
         else:
-            old = self.load(Load(c.target, c.indices), r)
-            self.line(f"{acc} = {self.broadcast(old, r)}")
+            if acc_stmt.local not in self.locals:
+                self.declare(acc_stmt.local, region)
+            acc = self.locals[acc_stmt.local].code
+        K, k_e = _product(self.dot_k_extents), self.dot_k_extents
         k0 = self.names.word("k0")
         self.line(f"for {k0} in range(0, {K}, BLOCK_K):")
         self.depth += 1
@@ -617,31 +624,28 @@ class KernelWriter:
         rka, rkb = self.names.word("rka"), self.names.word("rkb")
         self.line(f"{rka} = {k0} + tl.arange(0, BLOCK_K)[None, :]")
         self.line(f"{rkb} = {k0} + tl.arange(0, BLOCK_K)[:, None]")
-        ra = r.child(masks={"m": mmask, "k": f"({rka} < {K})"}, axes=frozenset({"m", "k"}), shape="[BLOCK_M, BLOCK_K]")
-        rb = r.child(masks={"k": f"({rkb} < {K})", "n": nmask}, axes=frozenset({"k", "n"}), shape="[BLOCK_K, BLOCK_N]")
+        ra = region.child(masks={"m": region.masks["m"], "k": f"({rka} < {K})"}, axes=frozenset({"m", "k"}),
+                          shape="[BLOCK_M, BLOCK_K]")
+        rb = region.child(masks={"k": f"({rkb} < {K})", "n": region.masks["n"]}, axes=frozenset({"k", "n"}),
+                          shape="[BLOCK_K, BLOCK_N]")
         ksyms = [s for s, _ in c.k]
         for reg, src, prefix in ((ra, rka, "ka"), (rb, rkb, "kb")):
             for sym, d, e in zip(ksyms, decompose(src, k_e), k_e):
                 reg.symbols[sym] = (d if len(ksyms) == 1 else self.temp(d, prefix), frozenset({"k"}))
                 reg.bounds[sym] = (0, e - 1)
                 reg.canon[sym] = ("k", sym)
-        if sixteen:
-            a = self.operand_16(c.a, ra)
-            b = self.operand_16(c.b, rb)
+        if self.sixteen:
+            a, b = self.operand_16(c.a, ra), self.operand_16(c.b, rb)
             self.line(f"{acc} = tl.dot({a}, {b}, {acc})")
         else:
-            a = self.operand(c.a, ra, "a")
-            b = self.operand(c.b, rb, "b")
+            a, b = self.operand(c.a, ra, "a"), self.operand(c.b, rb, "b")
             self.line(f'{acc} = tl.dot({a}, {b}, {acc}, input_precision="{self.options.fp32_dot}")')
         self.uses_dot = True
         self.pop()
         self.depth -= 1
-        target = Val(acc, frozenset({"m", "n"}), dtypes.float32)
-        self.store_value(c.target, c.indices, target, r, skip_oob=False)
-        self.written.add(c.target)
-        for part in k.parts[1:]:
-            self.part(part, region)
-        return B * tiles, blocks.num_warps, blocks.num_stages
+        if isinstance(acc_stmt, Store):
+            result = Val(acc, frozenset({"m", "n"}), dtypes.float32)
+            self.store_value(acc_stmt.tnode, acc_stmt.indices, result, region, skip_oob=False)
 
     def operand(self, e: Expr, region: Region, prefix: str) -> str:
         v = self.expr(e, region)
@@ -652,7 +656,7 @@ class KernelWriter:
             code = f"tl.where({masks}, {code}, 0.0)"
         if v.axes != region.axes:
             code = f"tl.broadcast_to({code}, {region.shape})"
-        return self.temp(code, prefix)
+        return code if _NAME_PATTERN.match(code) else self.temp(code, prefix)
 
     def operand_16(self, e: Expr, region: Region) -> str:
         """A float16/bfloat16 load kept in its storage type for the tensor cores."""
@@ -666,7 +670,9 @@ class KernelWriter:
     def stmt(self, s: Stmt, region: Region) -> None:
         match s:
             case Seq(stmts=stmts):
-                for x in stmts:
+                for k, x in enumerate(stmts):
+                    if isinstance(x, DeclareLocal) and k + 1 < len(stmts) and _sets_first(stmts[k + 1], x.local):
+                        continue  # declared by the assignment that follows
                     self.stmt(x, region)
             case Comment(text=text):
                 self.line(f"# {_comment(text)}")
@@ -685,20 +691,23 @@ class KernelWriter:
             case _:
                 raise TypeError(f"the Triton emitter does not know the statement {s!r}")
 
-    def declare(self, local: Local, region: Region) -> None:
+    def declare(self, local: Local, region: Region, zero: bool = True) -> None:
+        """A variable of the region's full shape for ``local`` (zero, unless its first
+        assignment follows)."""
         if local.dtype is dtypes.uint4x32:
             lanes = tuple(self.names.numbered("v") for _ in range(4))
-            for name in lanes:
+            for name in lanes if zero else ():
                 self.line(f"{name} = tl.zeros({region.shape}, tl.uint32)")
             self.locals[local] = Val("", region.axes, local.dtype, lanes=lanes)
         else:
             name = self.names.numbered("v")
-            self.line(f"{name} = tl.zeros({region.shape}, {local.dtype.triton_name})")
+            if zero:
+                self.line(f"{name} = tl.zeros({region.shape}, {local.dtype.triton_name})")
             self.locals[local] = Val(name, region.axes, local.dtype)
 
     def set_local(self, local: Local, value: Val, region: Region) -> None:
         if local not in self.locals:
-            self.declare(local, region)
+            self.declare(local, region, zero=False)
         target = self.locals[local]
         if target.lanes is not None:
             for name, lane in zip(target.lanes, value.lanes):
@@ -736,11 +745,88 @@ class KernelWriter:
     # -- loops -----------------------------------------------------------------------------
 
     def loop(self, s: For, region: Region) -> None:
+        if s is self.dot_site:
+            self.dot_loop(s, region)
+            return
         chain, body = loop_chain(s)
+        found = self.accumulation(chain, body)
+        if found is not None:
+            op, target, value = found
+            total = _product(tuple(loop.extent for loop in chain))
+            tiled = (self.kernel.tiling == "flat" and "r" not in region.axes and self.rblock is not None
+                     and op in (Binop.ADD, Binop.MAX, Binop.MIN) and _accumulator_type(target) in _EXACT_ACCUMULATORS
+                     and (op is not Binop.ADD or total >= SHORT_SUM))
+            if tiled:
+                self.reduction_stage(chain, op, target, value, region)
+            else:
+                self.sequential_reduction(chain, op, target, value, region)
+            return
         if self.kernel.tiling == "flat" and "r" not in region.axes and self.rblock is not None:
-            if self.pointwise_stage(s, chain, body, region) or self.reduction_stage(chain, body, region):
+            if self.pointwise_stage(s, chain, body, region):
                 return
         self.serial(s, region)
+
+    def accumulation(self, chain: list[For], body: Stmt) -> tuple[Binop, Store | SetLocal, Expr] | None:
+        """``(op, statement, v)`` when the loops of ``chain`` accumulate ``v`` into one cell or
+        local with ``op`` (the cell's indices and ``v``'s reads independent of the loop order)."""
+        found = _accumulation(body)
+        if found is None:
+            return None
+        op, target, value = found
+        syms = {loop.symbol for loop in chain}
+        if isinstance(target, Store):
+            if target.skip_oob or any(s in syms for i in target.indices for s in _symbols_of(i)):
+                return None
+        elif target.local not in self.locals or target.local.dtype is dtypes.uint4x32:
+            return None
+        if any(isinstance(x, (Store, StoreDynamic, Fill)) for x in iter_stmts(SetLocal(Local(value.dtype), value))):
+            return None
+        return found
+
+    def accumulator(self, target: Store | SetLocal, region: Region) -> str:
+        """A variable holding the accumulated cell or local, of the region's full shape."""
+        if isinstance(target, Store):
+            acc = self.names.word("acc")
+            self.line(f"{acc} = {self.broadcast(self.load(Load(target.tnode, target.indices), region), region)}")
+            return acc
+        return self.locals[target.local].code
+
+    def finish_accumulation(self, target: Store | SetLocal, acc: str, region: Region) -> None:
+        if isinstance(target, Store):
+            self.store_value(target.tnode, target.indices, Val(acc, region.axes, target.tnode.dtype.compute),
+                             region, False)
+
+    def sequential_reduction(self, chain: list[For], op: Binop, target: Store | SetLocal, value: Expr,
+                             region: Region) -> None:
+        """The loops run in order inside the program, the accumulator in registers: the
+        interpreter's order and roundings (a half-precision cell rounds at every step, as its
+        store would)."""
+        acc = self.accumulator(target, region)
+        inner = region.child()
+        opened = []
+        for loop in chain:
+            name = self.names.numbered("s")
+            self.line(f"for {name} in range({loop.extent}):")
+            self.depth += 1
+            self.push()
+            opened.append(name)
+            inner.symbols[loop.symbol] = (name, frozenset())
+            inner.bounds[loop.symbol] = (0, loop.extent - 1)
+            inner.canon[loop.symbol] = ("serial", loop.symbol)
+        v = self.expr(value, inner)
+        dtype = _accumulator_type(target)
+        a = Val(acc, region.axes, dtype.compute)
+        old_first = isinstance(target, Store) and target.value.a == Load(target.tnode, target.indices) or (
+            isinstance(target, SetLocal) and target.value.a == GetLocal(target.local))
+        x, y = (a, v) if old_first else (v, a)
+        code = self.binary(op, x, y, dtype.compute)
+        if dtype in (dtypes.float16, dtypes.bfloat16):
+            code = f"{_paren(code)}.to({dtype.triton_name}).to(tl.float32)"
+        self.line(f"{acc} = {code}")
+        for _ in opened:
+            self.pop()
+            self.depth -= 1
+        self.finish_accumulation(target, acc, region)
 
     def serial(self, s: For, region: Region) -> None:
         name = self.names.numbered("s")
@@ -828,31 +914,11 @@ class KernelWriter:
         self.end_stage(looped)
         return True
 
-    def reduction_stage(self, chain: list[For], body: Stmt, region: Region) -> bool:
-        found = _accumulation(body)
-        if found is None:
-            return False
-        op, target, value = found
-        syms = {loop.symbol for loop in chain}
-        if isinstance(target, Store):
-            if target.skip_oob or target.tnode.dtype not in _EXACT_ACCUMULATORS:
-                return False
-            if any(s in syms for i in target.indices for s in _symbols_of(i)):
-                return False
-            if any(isinstance(x, (Load, LoadDynamic)) and x.tnode is target.tnode for x in iter_exprs(value)):
-                return False
-        else:
-            if target.local not in self.locals or target.local.dtype is dtypes.uint4x32:
-                return False
-        if any(isinstance(x, (Store, StoreDynamic, Fill)) for x in iter_stmts(SetLocal(Local(value.dtype), value))):
-            return False
-        dtype = value.dtype
-        if isinstance(target, Store):
-            acc0 = self.load(Load(target.tnode, target.indices), region)
-        else:
-            acc0 = self.locals[target.local]
-        acc = self.names.word("acc")
-        self.line(f"{acc} = {self.broadcast(acc0, region)}")
+    def reduction_stage(self, chain: list[For], op: Binop, target: Store | SetLocal, value: Expr,
+                        region: Region) -> None:
+        """The loops' points as ``rindex`` tiles, reduced by ``tl.sum``/``tl.max``/``tl.min``
+        and combined with the accumulator (a sum's order differs from the loop's)."""
+        acc = self.accumulator(target, region)
         extents = tuple(loop.extent for loop in chain)
         inner, looped, codes = self.stage_index(extents, region)
         for t, (loop, code) in enumerate(zip(chain, codes)):
@@ -860,6 +926,7 @@ class KernelWriter:
             inner.bounds[loop.symbol] = (0, loop.extent - 1)
             inner.canon[loop.symbol] = ("inner", extents, t) if not looped else ("chunk", loop.symbol)
         v = self.expr(value, inner)
+        dtype = value.dtype
         neutral = {Binop.ADD: 0, Binop.MAX: dtypes.lowest(dtype), Binop.MIN: dtypes.highest(dtype)}[op]
         tile = f"tl.where({inner.masks['r']}, {self.tensor(v)}, {_literal(neutral, dtype)})"
         axis = "axis=1, keep_dims=True" if region.axes else "axis=0"
@@ -870,12 +937,7 @@ class KernelWriter:
         else:
             self.line(f"{acc} = {'tl.maximum' if op is Binop.MAX else 'tl.minimum'}({acc}, {reduced})")
         self.end_stage(looped)
-        result = Val(acc, region.axes, dtype)
-        if isinstance(target, Store):
-            self.store_value(target.tnode, target.indices, result, region, False)
-        else:
-            self.line(f"{self.locals[target.local].code} = {acc}")
-        return True
+        self.finish_accumulation(target, acc, region)
 
     # -- stores ------------------------------------------------------------------------------
 
@@ -940,7 +1002,8 @@ class KernelWriter:
         if dtype is dtypes.float16:
             return f"{self.atom_code(v)}.to(tl.float16)"
         if dtype is dtypes.bfloat16:
-            return f"{self.atom_code(v)}.to(tl.bfloat16).to(tl.uint16, bitcast=True)"
+            self.helpers.add("bfloat16_bits")
+            return f"bfloat16_bits({v.code})"
         return v.code
 
     # -- indices, offsets, masks -----------------------------------------------------------
@@ -1214,7 +1277,9 @@ class KernelWriter:
             case GetLocal(local=local):
                 return self.locals[local]
             case LocalScope(local=local, body=body):
-                self.declare(local, region)
+                first = body.stmts[0] if isinstance(body, Seq) and body.stmts else body
+                if not _sets_first(first, local):
+                    self.declare(local, region)
                 self.stmt(body, region)
                 return self.locals[local]
         raise TypeError(f"the Triton emitter does not know the expression {e!r}")
@@ -1319,9 +1384,20 @@ _EXACT_ACCUMULATORS = frozenset({dtypes.float32, dtypes.float64, dtypes.int32, d
 store, so it stays sequential)."""
 
 
+SHORT_SUM = 16
+"""Sums over fewer points run in the loop's order (bit for bit the interpreter's); longer ones
+are tiled (a tree order, within the conformance tolerance)."""
+
+_COMMUTATIVE = frozenset({Binop.ADD, Binop.MUL, Binop.MAX, Binop.MIN})
+
+
+def _accumulator_type(target: Store | SetLocal) -> DType:
+    return target.tnode.dtype if isinstance(target, Store) else target.local.dtype
+
+
 def _accumulation(body: Stmt) -> tuple[Binop, Store | SetLocal, Expr] | None:
-    """``(op, statement, v)`` when ``body`` is ``c[I] := op(c[I], v)`` or ``l := op(l, v)`` with
-    ``op`` add, max or min."""
+    """``(op, statement, v)`` when ``body`` is ``c[I] := op(c[I], v)`` or ``l := op(l, v)`` (or
+    ``op(v, old)`` for a commutative ``op``), ``v`` not reading the cell."""
     if isinstance(body, Store):
         old: Expr = Load(body.tnode, body.indices)
     elif isinstance(body, SetLocal):
@@ -1329,12 +1405,18 @@ def _accumulation(body: Stmt) -> tuple[Binop, Store | SetLocal, Expr] | None:
     else:
         return None
     match body.value:
-        case Binary(op=Binop.ADD | Binop.MAX | Binop.MIN as op, a=a, b=b):
+        case Binary(op=op, a=a, b=b) if op in scalar_accumulators():
             if a == old and not _mentions(b, old):
                 return op, body, b
-            if b == old and not _mentions(a, old):
+            if b == old and op in _COMMUTATIVE and not _mentions(a, old):
                 return op, body, a
     return None
+
+
+def scalar_accumulators() -> frozenset[Binop]:
+    from ocannl.lowlevel.scalar_ops import ACCUMULATORS
+
+    return ACCUMULATORS
 
 
 def _mentions(e: Expr, old: Expr) -> bool:
@@ -1368,6 +1450,12 @@ def _other(value: float | int, dtype: DType) -> str:
     """The ``other=`` of a masked load: ``value`` as the buffer stores it."""
     stored = _stored_value(value, dtype) if dtype is not dtypes.uint4x32 else 0
     return str(stored) if dtype is dtypes.bfloat16 else _literal(stored, dtype if dtype is not dtypes.uint4x32 else dtypes.uint32)
+
+
+def _sets_first(s: Stmt, local: Local) -> bool:
+    """Whether ``s`` assigns ``local`` a value that does not read it (so its zero is never seen)."""
+    return isinstance(s, SetLocal) and s.local is local and not any(
+        isinstance(x, GetLocal) and x.local is local for x in iter_exprs(s.value))
 
 
 def _has_loop(body: Stmt) -> bool:

@@ -38,7 +38,7 @@ Consecutive fills form one kernel of their own.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Iterator
 
 from ocannl.lowlevel import dtypes
@@ -240,13 +240,13 @@ def without_loops(stmt: Stmt, removed: Iterable[Symbol]) -> Stmt:
 
 @dataclass(frozen=True)
 class Contraction:
-    """``target[indices] (:= reset;) for k..: target[indices] += a * b``, with the grid loops
-    split into ``rows`` (read by ``a`` only), ``cols`` (by ``b`` only) and ``batch`` (the rest);
-    ``k`` are the reduction loops, in nesting order."""
+    """A reduction ``acc += a * b`` over loops ``k`` (the chain starting at ``site``), where
+    ``accumulator`` is ``c[I] := c[I] + a * b`` or, once the optimizer inlined ``c``, ``v := v +
+    a * b`` on a local. The grid loops split into ``rows`` (read by ``a`` only), ``cols`` (by ``b``
+    only) and ``batch`` (the rest)."""
 
-    target: TNode
-    indices: tuple[AxisIndex, ...]
-    reset: Const | None
+    site: For
+    accumulator: Store | SetLocal
     a: Expr
     b: Expr
     rows: tuple[Symbol, ...]
@@ -282,10 +282,9 @@ def _plain(e: Expr) -> bool:
     )
 
 
-def _product_of_accumulation(store: Store) -> tuple[Expr, Expr] | None:
-    """``(a, b)`` when ``store`` is ``c[I] := c[I] + a * b`` (or its fma form)."""
-    old = Load(store.tnode, store.indices)
-    match store.value:
+def _product_terms(value: Expr, old: Expr) -> tuple[Expr, Expr] | None:
+    """``(a, b)`` when ``value`` is ``old + a * b`` (either order, or ``fma(a, b, old)``)."""
+    match value:
         case Binary(op=Binop.ADD, a=x, b=Binary(op=Binop.MUL, a=a, b=b)) if x == old:
             return a, b
         case Binary(op=Binop.ADD, a=Binary(op=Binop.MUL, a=a, b=b), b=x) if x == old:
@@ -295,49 +294,91 @@ def _product_of_accumulation(store: Store) -> tuple[Expr, Expr] | None:
     return None
 
 
+DOT_MIN_K = 16
+"""``tl.dot`` tiles are at least 16 deep; shorter contractions are plain reductions."""
+
+
+def _product_of(values: Iterable[int]) -> int:
+    out = 1
+    for v in values:
+        out *= v
+    return out
+
+
+def loop_sites(stmt: Stmt) -> Iterator[For]:
+    """The loops of ``stmt`` not nested in another loop (inside local scopes too), in order."""
+    match stmt:
+        case For():
+            yield stmt
+            return
+        case Seq(stmts=stmts):
+            for s in stmts:
+                yield from loop_sites(s)
+            return
+    for e in stmt_exprs(stmt):
+        for x in iter_exprs(e):
+            if isinstance(x, LocalScope):
+                yield from loop_sites(x.body)
+
+
 def find_contraction(stmt: Stmt, grid: tuple[Symbol, ...]) -> Contraction | None:
-    """The contraction ``stmt`` computes over its ``grid`` loops, if the dot template applies:
-    a float32 target, operands that split the grid into non-empty rows and columns and both
+    """The first contraction of ``stmt`` (its grid loops removed) the dot template applies to:
+    a float32 accumulator, operands that split the grid into non-empty rows and columns and both
     read every reduction loop."""
-    body = without_loops(stmt, grid)
-    reset: Const | None = None
-    if isinstance(body, Seq) and len(body.stmts) == 2 and isinstance(body.stmts[0], Store):
-        first, body = body.stmts
-        if not isinstance(first.value, Const):
+    for site in loop_sites(without_loops(stmt, grid)):
+        found = _contraction_at(site, grid)
+        if found is not None:
+            return _columns_last(found, stmt, grid)
+    return None
+
+
+def _contraction_at(site: For, grid: tuple[Symbol, ...]) -> Contraction | None:
+    chain, acc = loop_chain(site)
+    if isinstance(acc, Store):
+        if acc.skip_oob or acc.tnode.dtype is not dtypes.float32:
             return None
-        reset = first.value
+        operands = _product_terms(acc.value, Load(acc.tnode, acc.indices))
+    elif isinstance(acc, SetLocal):
+        if acc.local.dtype is not dtypes.float32:
+            return None
+        operands = _product_terms(acc.value, GetLocal(acc.local))
     else:
-        first = None
-    chain, store = loop_chain(body)
-    if not chain or not isinstance(store, Store) or store.skip_oob:
         return None
-    if first is not None and (first.tnode, first.indices, first.skip_oob) != (store.tnode, store.indices, False):
-        return None
-    if store.tnode.dtype is not dtypes.float32:
-        return None
-    operands = _product_of_accumulation(store)
     if operands is None:
         return None
     a, b = operands
     if not (_plain(a) and _plain(b)):
         return None
-    if any(isinstance(x, Load) and x.tnode is store.tnode for e in (a, b) for x in iter_exprs(e)):
+    if isinstance(acc, Store) and any(isinstance(x, Load) and x.tnode is acc.tnode for e in (a, b) for x in iter_exprs(e)):
         return None
     k_symbols = {loop.symbol for loop in chain}
+    if _product_of(loop.extent for loop in chain) < DOT_MIN_K:
+        return None  # a short sum: computed in the loop's order instead (emit.py)
     sa, sb = expr_symbols(a), expr_symbols(b)
     if not k_symbols <= (sa & sb):
         return None
     if any(isinstance(s, Symbol) and s not in k_symbols and s not in grid for s in sa | sb):
         return None
-    if k_symbols & expr_symbols_of_indices(store.indices):
+    if isinstance(acc, Store) and k_symbols & expr_symbols_of_indices(acc.indices):
         return None
     rows = tuple(s for s in grid if s in sa and s not in sb)
     cols = tuple(s for s in grid if s in sb and s not in sa)
     if not rows or not cols:
         return None
     batch = tuple(s for s in grid if s not in rows and s not in cols)
-    return Contraction(store.tnode, store.indices, reset, a, b, rows, cols, batch,
-                       tuple((loop.symbol, loop.extent) for loop in chain))
+    return Contraction(site, acc, a, b, rows, cols, batch, tuple((loop.symbol, loop.extent) for loop in chain))
+
+
+def _columns_last(c: Contraction, stmt: Stmt, grid: tuple[Symbol, ...]) -> Contraction:
+    """``c`` with its operands swapped (``a * b == b * a`` bit for bit) when the statement's
+    first store varies fastest along a row symbol: tiles then store along their columns, the
+    contiguous direction."""
+    stores = [s for s in iter_stmts(without_loops(stmt, grid)) if isinstance(s, Store)]
+    if stores and stores[0].indices:
+        last = stores[0].indices[-1]
+        if isinstance(last, Iter) and last.symbol in c.rows:
+            return replace(c, a=c.b, b=c.a, rows=c.cols, cols=c.rows)
+    return c
 
 
 def expr_symbols_of_indices(indices: tuple[AxisIndex, ...]) -> set[AnySymbol]:
@@ -400,23 +441,6 @@ def _reads(stmt: Stmt) -> set[TNode]:
 
 def _extents(loops: list[For]) -> tuple[int, ...]:
     return tuple(loop.extent for loop in loops)
-
-
-def _free_locals(stmt: Stmt) -> bool:
-    """Whether ``stmt`` uses a local it does not declare (one declared by an earlier top-level
-    statement)."""
-    declared = {s.local for s in iter_stmts(stmt) if isinstance(s, DeclareLocal)}
-    used = set()
-    for s in iter_stmts(stmt):
-        if isinstance(s, SetLocal):
-            used.add(s.local)
-        for e in stmt_exprs(s):
-            for x in iter_exprs(e):
-                if isinstance(x, LocalScope):
-                    declared.add(x.local)
-                elif isinstance(x, GetLocal):
-                    used.add(x.local)
-    return bool(used - declared)
 
 
 def partition(body: Stmt) -> list[Kernel]:

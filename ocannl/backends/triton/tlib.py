@@ -103,3 +103,13 @@ def uniform1_float64(w0, w1):
     """``float64(((w1 << 32) | w0) >> 11) * 2**-53``: exact, in ``[0, 1 - 2**-53]``."""
     v = (w1.to(tl.uint64) << 32) | w0.to(tl.uint64)
     return (v >> 11).to(tl.float64) * 1.1102230246251565e-16
+
+
+@triton.jit
+def bfloat16_bits(x):
+    """float32 values rounded to bfloat16 (nearest, ties to even) as uint16 bit patterns, NaNs
+    kept quiet: the integer form of dtypes.float32_to_bfloat16_bits, so the interpreter (whose
+    float conversion truncates) and the GPU round alike."""
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return tl.where(x != x, (bits >> 16) | 0x40, rounded).to(tl.uint16)
