@@ -3,16 +3,32 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-dev
+STAMP := $(VENV)/.installed-dev-triton
 
-.PHONY: demo test test-all bench golden clean
+# The triton extra (triton, torch) is part of the test install. Without a GPU, torch is pinned to
+# its CPU build (constraints-cpu.txt) and Triton's tests run in its CPU interpreter
+# (TRITON_INTERPRET=1, which Context.auto() never picks); with one, pip takes the CUDA build.
+GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
+ifneq ($(GPU),yes)
+export TRITON_INTERPRET := 1
+endif
+
+.PHONY: demo test test-all bench bench-triton golden clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
-$(STAMP): $(PY) pyproject.toml
-	$(PY) -m pip install --quiet -e '.[dev]'
+$(STAMP): $(PY) pyproject.toml constraints-cpu.txt
+ifeq ($(GPU),yes)
+	$(PY) -m pip install --quiet -e '.[dev,triton]'
+else
+	# The CPU torch build where the configured indexes or wheel folders have it; without it the
+	# Triton tests skip (they say why) and everything else runs.
+	$(PY) -m pip install --quiet -e '.[dev,triton]' -c constraints-cpu.txt \
+	  || { echo "note: no CPU build of torch to install here: the Triton tests will skip"; \
+	       $(PY) -m pip install --quiet -e '.[dev]'; }
+endif
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -27,6 +43,9 @@ test-all: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/shape_scaling.py
 	$(PY) -m bench.gemm
+
+bench-triton: $(STAMP)
+	$(PY) -m bench.triton_gpu
 
 golden: $(STAMP)
 	$(PY) -m pytest tests --update-golden

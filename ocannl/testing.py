@@ -38,6 +38,7 @@ class Program:
     build: Callable[[], Sequence]
     runs: tuple[dict[str, int], ...] = ({},)
     exact: bool = False  # compare floats bit for bit too (PRNG-derived values)
+    needs: frozenset[str] = frozenset()  # precisions it uses that some backends lack (float64)
 
 
 @dataclass
@@ -59,6 +60,7 @@ class Report:
     passed: list[str] = field(default_factory=list)
     mismatches: list[Mismatch] = field(default_factory=list)
     errors: list[tuple[str, str]] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
     seconds: float = 0.0
 
     @property
@@ -67,10 +69,11 @@ class Report:
 
     def summary(self) -> str:
         lines = [f"conformance of {self.backend!r}: {len(self.passed)} programs passed, "
-                 f"{len(self.mismatches)} mismatched, {len(self.errors)} failed "
-                 f"({self.seconds:.1f} s)"]
+                 f"{len(self.mismatches)} mismatched, {len(self.errors)} failed, "
+                 f"{len(self.skipped)} not applicable ({self.seconds:.1f} s)"]
         lines += [f"  MISMATCH {m}" for m in self.mismatches]
         lines += [f"  ERROR {name}: {err}" for name, err in self.errors]
+        lines += [f"  not applicable {name}: {why}" for name, why in self.skipped]
         return "\n".join(lines)
 
 
@@ -142,7 +145,13 @@ def conformance(backend: str, programs: Iterable[Program] | None = None, random_
     programs = list(programs) if programs is not None else catalog()
     rng = np.random.default_rng(seed)
     programs += [random_einsum_program(rng, i) for i in range(random_programs)]
+    from ocannl.backends.base import get_backend
+
+    unsupported = set(getattr(get_backend(backend), "unsupported_dtypes", ()))
     for program in programs:
+        if program.needs & unsupported:
+            report.skipped.append((program.name, f"{backend} has no {', '.join(sorted(program.needs & unsupported))}"))
+            continue
         try:
             m = check_program(program, backend)
         except Exception as exc:  # noqa: BLE001 - reported per program, the run goes on
@@ -329,7 +338,8 @@ def _prng_programs() -> list[Program]:
 
     return [Program("PRNG default parameter init (Glorot uniform)", default_init, exact=True),
             Program("PRNG uniform bits float32", uniform_bits("float32"), exact=True),
-            Program("PRNG uniform bits float64", uniform_bits("float64"), exact=True)]
+            Program("PRNG uniform bits float64", uniform_bits("float64"), exact=True,
+                    needs=frozenset({"float64"}))]
 
 
 def catalog() -> list[Program]:

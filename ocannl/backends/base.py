@@ -151,6 +151,15 @@ def _triton() -> Backend:
 register_backend("triton", _triton, preference=20)
 
 
+def _metal() -> Backend:
+    from ocannl.backends.metal import MetalBackend
+
+    return MetalBackend()
+
+
+register_backend("metal", _metal, preference=-1)  # emulated (the C++ shim): never a default
+
+
 @dataclass
 class ContextStats:
     compilations: int = 0

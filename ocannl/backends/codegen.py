@@ -35,8 +35,9 @@ What the walk decides for every language:
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator, Mapping
 
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.dtypes import DType
@@ -470,6 +471,38 @@ class Emitter:
         """The lines of the routine's body (indented one level)."""
         self.stmt(self.routine.body)
         return self._out.lines
+
+    def statement_lines(self, stmt: Stmt, bound: Mapping[Symbol, int], depth: int = 1) -> list[str]:
+        """The lines of ``stmt`` alone, indented ``depth`` levels. ``bound`` maps loop symbols
+        the caller declares itself (a GPU thread's grid point) to their extents, which let the
+        walk prove accesses in bounds. Kernel languages (the MSL emitter) print each kernel's
+        statements this way instead of calling :meth:`body`."""
+        with self._printing_apart(bound, depth) as out:
+            self.stmt(stmt)
+        return out.lines
+
+    def expression_lines(
+        self, e: Expr, bound: Mapping[Symbol, int], depth: int = 1, statement: Stmt | None = None
+    ) -> tuple[list[str], str]:
+        """``e`` printed with the loop symbols ``bound`` as in :meth:`statement_lines`, and the
+        lines that must run before it (the local scopes it holds); ``statement`` is the one
+        runtime check messages name."""
+        self._statement = statement
+        with self._printing_apart(bound, depth) as out:
+            text = self.expr(e)
+        return out.lines, text
+
+    @contextmanager
+    def _printing_apart(self, bound: Mapping[Symbol, int], depth: int) -> Iterator[_Output]:
+        saved_out, saved_depth = self._out, self._depth
+        self._out, self._depth = _Output(), depth
+        self._extents.update(bound)
+        try:
+            yield self._out
+        finally:
+            for s in bound:
+                self._extents.pop(s, None)
+            self._out, self._depth = saved_out, saved_depth
 
     def site(self, kind: str, message: str) -> int:
         """The number of the runtime check ``message`` (reused when already registered)."""

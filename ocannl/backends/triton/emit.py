@@ -275,7 +275,12 @@ def emit_module(routine: RoutineIR, kernels: list[Kernel], options: Options = Op
     helpers: set[str] = set()
     for number, kernel in enumerate(kernels):
         writer = KernelWriter(f"{base}_{number}", kernel, options)
-        sources.append(writer.emit())
+        source = writer.emit()
+        if writer.rblock is not None and not writer.used_stages:
+            # Every inner loop ran sequentially: no inner tile, so no RBLOCK and a 1-D XBLOCK.
+            writer = KernelWriter(f"{base}_{number}", kernel, options, stages=False)
+            source = writer.emit()
+        sources.append(source)
         helpers |= writer.helpers
     checks = any(p.node is None and p.symbol is None for k in sources for p in k.params)
     lines = [
@@ -339,8 +344,10 @@ def _launcher(routine: RoutineIR, kernels: list[KernelSource]) -> list[str]:
 class KernelWriter:
     """Emits one kernel (module docstring)."""
 
-    def __init__(self, name: str, kernel: Kernel, options: Options):
+    def __init__(self, name: str, kernel: Kernel, options: Options, stages: bool = True):
         self.kernel = kernel
+        self.stages = stages
+        self.used_stages = False
         self.options = options
         self.helpers: set[str] = set()
         self.lines: list[str] = []
@@ -361,7 +368,8 @@ class KernelWriter:
         self.scatter: frozenset[TNode] = frozenset()
         self.persistent_rindex: str | None = None
         self.dot_site: For | None = None
-        self.sixteen = False
+        self.sixteen: DType | None = None
+        """The storage type of both operands of the kernel's ``tl.dot`` when it is 16-bit."""
         self._params(name)
 
     # -- parameters and names --------------------------------------------------------------
@@ -500,6 +508,8 @@ class KernelWriter:
         k = self.kernel
         numel = _product(k.extents)
         inner = max((_product(e) for p in k.parts for e in _inner_chains(p.body)), default=None)
+        if not self.stages:
+            inner = None
         blocks = tiling.flat_blocks(numel, inner)
         two_d = blocks.rblock is not None
         self.rblock = blocks.rblock
@@ -509,12 +519,15 @@ class KernelWriter:
             xindex, xmask = self.names.word("xindex"), self.names.word("xmask")
             expand = "[:, None]" if two_d else ""
             self.line(f"{xindex} = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK){expand}")
-            self.line(f"{xmask} = {xindex} < {numel}")
+            ragged = numel % blocks.xblock != 0
+            if ragged:  # the last program's tile runs past the grid
+                self.line(f"{xmask} = {xindex} < {numel}")
             codes = decompose(xindex, k.extents)
             axes = []
             for code in codes:
                 axes.append(code if len(k.extents) == 1 else self.temp(code, "x"))
-            region = Region({}, {}, {}, {"x": xmask}, frozenset({"x"}), "[XBLOCK, 1]" if two_d else "[XBLOCK]")
+            region = Region({}, {}, {}, {"x": xmask} if ragged else {}, frozenset({"x"}),
+                            "[XBLOCK, 1]" if two_d else "[XBLOCK]")
             self.axis_codes = axes
         else:
             region = Region({}, {}, {}, {}, frozenset(), "[]")
@@ -561,8 +574,8 @@ class KernelWriter:
         k_e = tuple(e for _, e in c.k)
         M, N, K, B = _product(rows_e), _product(cols_e), _product(k_e), _product(batch_e)
         a16, b16 = _sixteen_bit_load(c.a), _sixteen_bit_load(c.b)
-        self.sixteen = a16 is not None and a16 is b16
-        blocks = tiling.dot_blocks(M, N, K, self.sixteen)
+        self.sixteen = a16 if a16 is not None and a16 is b16 else None
+        blocks = tiling.dot_blocks(M, N, K, self.sixteen is not None)
         self.constexprs.update(BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n, BLOCK_K=blocks.block_k,
                                GROUP_M=blocks.group_m)
         npm, npn = -(-M // blocks.block_m), -(-N // blocks.block_n)
@@ -585,9 +598,11 @@ class KernelWriter:
         rm, rn = self.names.word("rm"), self.names.word("rn")
         self.line(f"{rm} = {pm} * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]")
         self.line(f"{rn} = {pn} * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]")
-        mmask, nmask = self.names.word("mmask"), self.names.word("nmask")
-        self.line(f"{mmask} = {rm} < {M}")
-        self.line(f"{nmask} = {rn} < {N}")
+        masks = {}
+        for ax, r, size, block in (("m", rm, M, blocks.block_m), ("n", rn, N, blocks.block_n)):
+            if size % block:  # tiles run past the edge
+                masks[ax] = self.names.word(f"{ax}mask")
+                self.line(f"{masks[ax]} = {r} < {size}")
         code: dict[Symbol, tuple[str, frozenset[str]]] = {}
         for syms, ext, src, ax in ((c.rows, rows_e, rm, "m"), (c.cols, cols_e, rn, "n")):
             for sym, d in zip(syms, decompose(src, ext)):
@@ -599,7 +614,8 @@ class KernelWriter:
         self.dot_axis_tiles = [set(code[s][1]) for s in first.grid]
         self.dot_site = c.site
         self.dot_k_extents = k_e
-        region = Region({}, {}, {}, {"m": mmask, "n": nmask}, frozenset({"m", "n"}), "[BLOCK_M, BLOCK_N]")
+        self.dot_k_ragged = K % blocks.block_k != 0
+        region = Region({}, {}, {}, masks, frozenset({"m", "n"}), "[BLOCK_M, BLOCK_N]")
         for part in k.parts:
             self.part(part, region)
         return B * tiles, blocks.num_warps, blocks.num_stages
@@ -624,19 +640,26 @@ class KernelWriter:
         rka, rkb = self.names.word("rka"), self.names.word("rkb")
         self.line(f"{rka} = {k0} + tl.arange(0, BLOCK_K)[None, :]")
         self.line(f"{rkb} = {k0} + tl.arange(0, BLOCK_K)[:, None]")
-        ra = region.child(masks={"m": region.masks["m"], "k": f"({rka} < {K})"}, axes=frozenset({"m", "k"}),
-                          shape="[BLOCK_M, BLOCK_K]")
-        rb = region.child(masks={"k": f"({rkb} < {K})", "n": region.masks["n"]}, axes=frozenset({"k", "n"}),
-                          shape="[BLOCK_K, BLOCK_N]")
+        kmask = self.dot_k_ragged
+        ra = region.child(axes=frozenset({"m", "k"}), shape="[BLOCK_M, BLOCK_K]")
+        ra.masks = {a: m for a, m in (("m", region.masks.get("m")), ("k", kmask and f"({rka} < {K})")) if m}
+        rb = region.child(axes=frozenset({"k", "n"}), shape="[BLOCK_K, BLOCK_N]")
+        rb.masks = {a: m for a, m in (("k", kmask and f"({rkb} < {K})"), ("n", region.masks.get("n"))) if m}
         ksyms = [s for s, _ in c.k]
         for reg, src, prefix in ((ra, rka, "ka"), (rb, rkb, "kb")):
             for sym, d, e in zip(ksyms, decompose(src, k_e), k_e):
                 reg.symbols[sym] = (d if len(ksyms) == 1 else self.temp(d, prefix), frozenset({"k"}))
                 reg.bounds[sym] = (0, e - 1)
                 reg.canon[sym] = ("k", sym)
-        if self.sixteen:
+        if self.sixteen is dtypes.float16:
             a, b = self.operand_16(c.a, ra), self.operand_16(c.b, rb)
             self.line(f"{acc} = tl.dot({a}, {b}, {acc})")
+        elif self.sixteen is dtypes.bfloat16:
+            # bfloat16 values are exact in TF32 (7 < 10 mantissa bits): a TF32 dot of the float32
+            # tiles computes what a bfloat16 one does (exact products, float32 sums), and Triton's
+            # interpreter, which cannot multiply bfloat16 tiles, runs it too.
+            a, b = self.operand(c.a, ra, "a"), self.operand(c.b, rb, "b")
+            self.line(f'{acc} = tl.dot({a}, {b}, {acc}, input_precision="tf32")')
         else:
             a, b = self.operand(c.a, ra, "a"), self.operand(c.b, rb, "b")
             self.line(f'{acc} = tl.dot({a}, {b}, {acc}, input_precision="{self.options.fp32_dot}")')
@@ -651,19 +674,16 @@ class KernelWriter:
         v = self.expr(e, region)
         code = v.code
         plain = isinstance(e, Load) and e.oob_value in (None, 0, 0.0)
-        if not plain:
-            masks = " & ".join(region.masks[a] for a in sorted(region.axes))
+        if not plain and region.masks:
+            masks = " & ".join(region.masks[a] for a in sorted(region.masks))
             code = f"tl.where({masks}, {code}, 0.0)"
         if v.axes != region.axes:
             code = f"tl.broadcast_to({code}, {region.shape})"
         return code if _NAME_PATTERN.match(code) else self.temp(code, prefix)
 
     def operand_16(self, e: Expr, region: Region) -> str:
-        """A float16/bfloat16 load kept in its storage type for the tensor cores."""
-        code = self.load_code(e, region, convert=False)
-        if e.tnode.dtype is dtypes.bfloat16:
-            code = f"{code}.to(tl.bfloat16, bitcast=True)"
-        return self.temp(code, "a" if "m" in region.axes else "b")
+        """A float16 load kept in its storage type for the tensor cores."""
+        return self.temp(self.load_code(e, region, convert=False), "a" if "m" in region.axes else "b")
 
     # -- statements ----------------------------------------------------------------------------
 
@@ -671,8 +691,15 @@ class KernelWriter:
         match s:
             case Seq(stmts=stmts):
                 for k, x in enumerate(stmts):
-                    if isinstance(x, DeclareLocal) and k + 1 < len(stmts) and _sets_first(stmts[k + 1], x.local):
+                    following = stmts[k + 1] if k + 1 < len(stmts) else None
+                    if isinstance(x, DeclareLocal) and following is not None and _sets_first(following, x.local):
                         continue  # declared by the assignment that follows
+                    if isinstance(x, Store) and isinstance(following, For) and self.resets(x, following):
+                        # The reduction that follows starts from this value in a register and
+                        # stores the result: the reset itself never goes to memory.
+                        key = (x.tnode, self.canon_indices(x.indices, region), None)
+                        self.remember(key, self.expr(x.value, region))
+                        continue
                     self.stmt(x, region)
             case Comment(text=text):
                 self.line(f"# {_comment(text)}")
@@ -745,7 +772,7 @@ class KernelWriter:
     # -- loops -----------------------------------------------------------------------------
 
     def loop(self, s: For, region: Region) -> None:
-        if s is self.dot_site:
+        if self.dot_site is not None and s == self.dot_site:
             self.dot_loop(s, region)
             return
         chain, body = loop_chain(s)
@@ -765,6 +792,19 @@ class KernelWriter:
             if self.pointwise_stage(s, chain, body, region):
                 return
         self.serial(s, region)
+
+    def resets(self, store: Store, loop: For) -> bool:
+        """Whether ``loop`` accumulates into the cell ``store`` writes, from a register."""
+        if store.skip_oob or not store.tnode.dtype.is_compute_type or store.tnode.dtype is dtypes.uint4x32:
+            return False
+        if self.dot_site is not None and loop == self.dot_site:
+            target = self.kernel.contraction.accumulator
+        else:
+            found = self.accumulation(*loop_chain(loop))
+            if found is None:
+                return False
+            target = found[1]
+        return isinstance(target, Store) and (target.tnode, target.indices) == (store.tnode, store.indices)
 
     def accumulation(self, chain: list[For], body: Stmt) -> tuple[Binop, Store | SetLocal, Expr] | None:
         """``(op, statement, v)`` when the loops of ``chain`` accumulate ``v`` into one cell or
@@ -851,6 +891,7 @@ class KernelWriter:
         chunks was opened (the caller closes it with :meth:`end_stage`)."""
         total = _product(extents)
         persistent = total <= self.rblock
+        self.used_stages = True
         expand = "[None, :]" if self.kernel.extents else ""
         key = ("stage", extents)
         if persistent:
@@ -861,8 +902,10 @@ class KernelWriter:
             if key in self.stage_vars:
                 mask, codes = self.stage_vars[key]
             else:
-                mask = self.names.numbered("rmask")
-                self.line_at_top(f"{mask} = {rindex} < {total}")
+                mask = None
+                if total != self.rblock:
+                    mask = self.names.numbered("rmask")
+                    self.line_at_top(f"{mask} = {rindex} < {total}")
                 codes = []
                 for d in decompose(rindex, extents):
                     if len(extents) == 1:
@@ -878,11 +921,12 @@ class KernelWriter:
             self.depth += 1
             self.push()
             rindex = self.temp(f"{roffset} + tl.arange(0, RBLOCK){expand}", "rindex")
-            mask = self.temp(f"{rindex} < {total}", "rmask")
+            mask = self.temp(f"{rindex} < {total}", "rmask") if total % self.rblock else None
             codes = [d if len(extents) == 1 else self.temp(d, "r") for d in decompose(rindex, extents)]
         axes = region.axes | {"r"}
         inner = region.child(axes=axes, shape=self.shape_for_axes(axes))
-        inner.masks["r"] = mask
+        if mask is not None:
+            inner.masks["r"] = mask
         return inner, not persistent, codes
 
     def line_at_top(self, text: str) -> None:
@@ -928,7 +972,11 @@ class KernelWriter:
         v = self.expr(value, inner)
         dtype = value.dtype
         neutral = {Binop.ADD: 0, Binop.MAX: dtypes.lowest(dtype), Binop.MIN: dtypes.highest(dtype)}[op]
-        tile = f"tl.where({inner.masks['r']}, {self.tensor(v)}, {_literal(neutral, dtype)})"
+        tile = self.tensor(v)
+        if "r" in inner.masks:  # lanes past the ragged end add nothing
+            tile = f"tl.where({inner.masks['r']}, {tile}, {_literal(neutral, dtype)})"
+        elif "r" not in v.axes:
+            tile = f"tl.broadcast_to({tile}, {inner.shape})"
         axis = "axis=1, keep_dims=True" if region.axes else "axis=0"
         fn = {Binop.ADD: "tl.sum", Binop.MAX: "tl.max", Binop.MIN: "tl.min"}[op]
         reduced = f"{fn}({tile}, {axis})"
@@ -1033,23 +1081,23 @@ class KernelWriter:
 
     def offset(self, node: TNode, indices: tuple[AxisIndex, ...], region: Region,
                dynamic: tuple[int, Val] | None = None) -> tuple[str, frozenset[str], list[str]]:
-        """The row-major offset of an access, the tile axes it varies along, and the bounds
-        tests it needs (those not proven)."""
+        """The row-major offset of an access (one coefficient per symbol, outer axes first), the
+        tile axes it varies along, and the bounds tests it needs (those not proven)."""
         full: list[Any] = list(indices)
         if dynamic is not None:
             full.insert(dynamic[0], dynamic[1])
-        terms: list[str] = []
+        strides = [_product(node.dims[k + 1:]) for k in range(len(node.dims))]
+        coefficients: dict[str, int] = {}
         constant = 0
         axes: frozenset[str] = frozenset()
         checks: list[str] = []
-        stride = 1
-        for idx, dim in reversed(list(zip(full, node.dims))):
+        for idx, dim, stride in zip(full, node.dims, strides):
             if isinstance(idx, Val):
                 code, ax = idx.code, idx.axes
                 checks.append(f"({code} >= 0) & ({code} < {dim})")
+                coefficients[code] = coefficients.get(code, 0) + stride
             elif isinstance(idx, Fixed):
                 constant += idx.index * stride
-                stride *= dim
                 continue
             else:
                 code, ax = self.index_code(idx, region)
@@ -1058,17 +1106,15 @@ class KernelWriter:
                     low = self.lower_bound(idx, region)
                     tests = ([f"({c} >= 0)"] if low is None or low < 0 else []) + [f"({c} < {dim})"]
                     checks.append(" & ".join(tests))
-            axes |= ax
-            if isinstance(idx, Affine):
-                for c, sym in idx.terms:
+                terms = ((1, idx.symbol),) if isinstance(idx, Iter) else idx.terms
+                for c, sym in terms:
                     scode, _ = self.symbol_code(sym, region)
-                    terms.append(_scaled(scode, c * stride))
-                constant += idx.offset * stride
-            else:
-                terms.append(_scaled(_paren(code), stride))
-            stride *= dim
-        terms.reverse()
-        text = " + ".join(terms) if terms else ""
+                    coefficients[scode] = coefficients.get(scode, 0) + c * stride
+                if isinstance(idx, Affine):
+                    constant += idx.offset * stride
+            axes |= ax
+        parts = [_scaled(code, c) for code, c in coefficients.items() if c]
+        text = " + ".join(parts)
         if constant or not text:
             text = f"{text} + {constant}" if text else str(constant)
         return text.replace("+ -", "- "), axes, checks
@@ -1178,7 +1224,7 @@ class KernelWriter:
                           for lane in range(4))
             v = Val("", axes, node.dtype, lanes=lanes)
         else:
-            code = f"tl.load({ptr} + {offset}{', mask=' + mask if mask else ''}{other})"
+            code = f"tl.load({_pointer(f'{ptr} + {offset}')}{', mask=' + mask if mask else ''}{other})"
             code += _from_storage(node.dtype)
             v = Val(self.temp(code), axes, node.dtype.compute)
         self.remember(key, v)
@@ -1489,7 +1535,12 @@ def _sixteen_bit_load(e: Expr) -> DType | None:
 
 
 def _store(pointer: str, value: str, mask: str | None) -> str:
-    return f"tl.store({pointer}, {value}{', mask=' + mask if mask else ''})"
+    return f"tl.store({_pointer(pointer)}, {value}{', mask=' + mask if mask else ''})"
+
+
+def _pointer(code: str) -> str:
+    """``p + 0`` as ``p``."""
+    return code[:-4] if code.endswith(" + 0") else code
 
 
 def _paren(code: str) -> str:

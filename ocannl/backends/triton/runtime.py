@@ -100,8 +100,12 @@ def _torch_dtype(torch: Any, dtype: np.dtype) -> Any:
 
 
 def cache_dir() -> Path:
-    base = config.get("cache_dir") or os.path.join(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "ocannl")
-    return Path(base) / "triton"
+    """``<OCANNL_CACHE_DIR>/triton``, by default ``~/.cache/ocannl/triton`` (as the C backend's)."""
+    configured = config.get("cache_dir")
+    if configured:
+        return Path(configured).expanduser() / "triton"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "ocannl" / "triton"
 
 
 def load_module(source: ModuleSource) -> ModuleType:

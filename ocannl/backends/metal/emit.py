@@ -1,0 +1,647 @@
+"""The MSL emitter: a routine's optimized loop IR as Metal compute kernels (shared/DESIGN.md §5,
+spec/backend.md §7.5).
+
+**Kernels.** The routine body is cut into kernels by the partitioner the Triton backend uses
+(``ocannl/backends/triton/partition.py``): a kernel runs a run of top-level statements over one
+grid, whose points are independent, each statement with its grid loops removed. Metal launches
+one thread per grid point (``thread_position_in_grid``, flattened row-major; grid = the product
+of the parallel extents), in threadgroups of :attr:`Options.threads_per_threadgroup`. Kernels run
+in order, each after the previous one finished. Whole-buffer fills become loop nests first, so
+they are kernels like any other. A kernel holding a scatter-add (the gradient of ``oc.take``)
+runs in one thread, in the interpreter's order: float atomics would make it nondeterministic.
+
+**Threadgroup reductions.** A top-level statement that reduces many terms into few cells (at
+least :attr:`Options.tree_min_reduction` terms per cell, at most :attr:`Options.tree_max_cells`
+cells) gets a kernel of its own with one threadgroup per cell: each thread accumulates a strided
+share of the terms (about :attr:`Options.tree_terms_per_thread`), the partial results go to ``threadgroup`` memory, and a tree of
+``threadgroup_barrier``-separated halving steps combines them (:class:`TreeReduction`). The
+terms are added in another order than the interpreter's, so float sums agree within rounding,
+not bit for bit; max and min agree exactly.
+
+**Kernel signature.** Buffers first (``device T*``, ``device const T*`` when only read; sorted
+by name), then static index symbols (``constant int&``), then ``device atomic_int* _status`` when
+the kernel has runtime checks (a dynamic index out of bounds, an integer division by zero: the
+host raises the first recorded one after the run), then the position attributes. Every pointer
+has an address space (``device``; ``threadgroup`` arrays are declared in the kernel body).
+
+**Checked before printing** (spec/peers.md §4.3): no float64 anywhere (MSL has no ``double``: a
+:class:`~ocannl.lowlevel.dtypes.DTypeError` naming the tensor), at most 31 buffer arguments per
+kernel (a kernel over more is split between its statements; one statement over more is a
+:class:`KernelLimitError`), at most 1024 threads per threadgroup and 32 KiB of threadgroup
+memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass, field
+
+from ocannl.backends.codegen import Emitter, Site, comment_text
+from ocannl.backends.metal.syntax import MetalSyntax, msl_type
+from ocannl.backends.triton.partition import grid_candidates, loop_chain, partition, without_loops
+from ocannl.errors import OcannlError
+from ocannl.lowlevel import dtypes
+from ocannl.lowlevel.dtypes import DType, DTypeError
+from ocannl.lowlevel.indexing import Affine, Fixed, IndexSymbol, Iter, Symbol
+from ocannl.lowlevel.ir import (
+    Binary,
+    Cast,
+    Comment,
+    Const,
+    DeclareLocal,
+    Expr,
+    Fill,
+    For,
+    GetLocal,
+    Load,
+    LoadDynamic,
+    Local,
+    LocalScope,
+    LoopKind,
+    RoutineIR,
+    Seq,
+    SetLocal,
+    Stmt,
+    Store,
+    StoreDynamic,
+    Ternary,
+    Unary,
+    iter_exprs,
+    iter_stmts,
+    loop,
+    seq,
+    stmt_exprs,
+)
+from ocannl.lowlevel.scalar_ops import Binop
+from ocannl.lowlevel.tnode import TNode, sanitize_identifier
+
+MAX_BUFFERS = 31
+"""Buffer arguments a Metal kernel may take (``[[buffer(0)]]`` to ``[[buffer(30)]]``)."""
+MAX_THREADS_PER_THREADGROUP = 1024
+MAX_THREADGROUP_BYTES = 32 * 1024
+
+
+class KernelLimitError(OcannlError, ValueError):
+    """A kernel would exceed a limit of Metal devices (buffer arguments, threads per
+    threadgroup, threadgroup memory): the message names the kernel, the limit and the fix."""
+
+
+@dataclass(frozen=True)
+class Options:
+    threads_per_threadgroup: int = 256
+    """Threads per threadgroup of one-thread-per-point kernels (fewer when the grid is smaller);
+    threadgroup reductions use the largest power of two not above it."""
+    tree_min_reduction: int = 256
+    """A reduction of at least this many terms per cell runs as a threadgroup tree..."""
+    tree_max_cells: int = 256
+    """...when it has at most this many cells: with more, one thread per cell keeps the GPU busy
+    without barriers (and the shim, which runs one threadgroup at a time, fast)."""
+    tree_terms_per_thread: int = 8
+    """A tree's threadgroup has about one thread per this many terms (a power of two, at most
+    the threadgroup size): each thread sums its share before the barriers."""
+
+
+@dataclass(frozen=True)
+class Param:
+    """One kernel argument: a node's buffer, a static index symbol, or the status buffer."""
+
+    name: str
+    kind: str  # "buffer", "symbol" or "status"
+    msl_type: str
+    node: TNode | None = None
+    symbol: IndexSymbol | None = None
+    writable: bool = False
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel and how to launch it: ``threadgroups`` x ``threads_per_threadgroup`` threads
+    (a 1-D dispatch); ``positions`` are the attributes of its trailing position parameters, in
+    order; a ``cooperative`` kernel uses threadgroup memory and barriers."""
+
+    name: str
+    params: tuple[Param, ...]
+    positions: tuple[str, ...]
+    threadgroups: int
+    threads_per_threadgroup: int
+    threadgroup_bytes: int
+    cooperative: bool
+    text: str
+
+
+@dataclass(frozen=True)
+class MetalProgram:
+    """A routine as a ``.metal`` source: its kernels in launch order, the routine's buffers (the
+    order a host passes them in) and static index symbols, and its runtime checks."""
+
+    name: str
+    text: str
+    kernels: tuple[Kernel, ...]
+    nodes: tuple[TNode, ...]
+    symbols: tuple[IndexSymbol, ...]
+    sites: tuple[Site, ...]
+
+
+# ---------------------------------------------------------------------------------------------
+# Threadgroup tree reductions
+
+
+@dataclass(frozen=True)
+class TreeReduction:
+    """A grid point's statement that accumulates ``term`` with ``op`` over the ``loops`` into
+    one cell of ``store``'s node. Three forms (those of ``codegen.plan_contraction``):
+    ``out[I] := start; loops { out[I] := out[I] op term }`` (``start`` set), the same without the
+    reset (the cell's value starts the sum), and ``out[I] := f(v { v := init; loops { v := v op
+    term } })`` (``scope`` set: a reduction the optimizer inlined into its consumer)."""
+
+    store: Store
+    op: Binop
+    term: Expr
+    loops: tuple[tuple[Symbol, int], ...]
+    start: Const | None = None
+    scope: LocalScope | None = None
+    init: Const | None = None
+
+    @property
+    def volume(self) -> int:
+        return math.prod(n for _, n in self.loops)
+
+    @property
+    def dtype(self) -> DType:
+        return self.scope.local.dtype if self.scope is not None else self.store.tnode.dtype
+
+    def identity(self) -> float | int:
+        """The value a thread with no term left contributes."""
+        if self.op is Binop.ADD:
+            return 0.0 if self.dtype.is_float else 0
+        if self.op is Binop.MUL:
+            return 1.0 if self.dtype.is_float else 1
+        return dtypes.lowest(self.dtype) if self.op is Binop.MAX else dtypes.highest(self.dtype)
+
+
+_TREE_OPS = (Binop.ADD, Binop.MUL, Binop.MAX, Binop.MIN)
+
+
+def tree_reduction(body: Stmt) -> TreeReduction | None:
+    """The :class:`TreeReduction` ``body`` (a statement without its grid loops) computes, or
+    ``None``. Reductions into float16/bfloat16 cells are left alone: the interpreter rounds the
+    cell after every term, which a tree cannot reproduce."""
+    start = None
+    if isinstance(body, Seq) and len(body.stmts) == 2 and isinstance(body.stmts[0], Store):
+        first, body = body.stmts
+        if not isinstance(first.value, Const) or first.skip_oob or not isinstance(body, For):
+            return None
+        start = first.value
+    if isinstance(body, For):
+        chain, store = loop_chain(body)
+        if not isinstance(store, Store) or store.skip_oob or (start is not None and not _same_cell(first, store)):
+            return None
+        out = store.tnode
+        if out.dtype.compute is not out.dtype or not isinstance(store.value, Binary):
+            return None
+        if store.value.a != Load(out, store.indices):
+            return None
+        found = TreeReduction(store, store.value.op, store.value.b, tuple((f.symbol, f.extent) for f in chain), start)
+    elif isinstance(body, Store) and start is None and not body.skip_oob:
+        scopes = [e for e in iter_exprs(body.value) if isinstance(e, LocalScope)]
+        if len(scopes) != 1 or any(isinstance(e, GetLocal) for e in iter_exprs(body.value)):
+            return None
+        scope = scopes[0]
+        steps = list(scope.body.stmts) if isinstance(scope.body, Seq) else [scope.body]
+        init = None
+        if steps and isinstance(steps[0], SetLocal) and steps[0].local is scope.local and isinstance(steps[0].value, Const):
+            init, steps = steps[0].value, steps[1:]
+        if len(steps) != 1 or not isinstance(steps[0], For):
+            return None
+        chain, update = loop_chain(steps[0])
+        if not (isinstance(update, SetLocal) and update.local is scope.local and isinstance(update.value, Binary)):
+            return None
+        if update.value.a != GetLocal(scope.local):
+            return None
+        found = TreeReduction(body, update.value.op, update.value.b, tuple((f.symbol, f.extent) for f in chain),
+                              scope=scope, init=init)
+    else:
+        return None
+    if found.op not in _TREE_OPS or found.dtype not in (dtypes.float32, dtypes.int32, dtypes.int64, dtypes.uint32):
+        return None
+    for e in iter_exprs(found.term):
+        if isinstance(e, (GetLocal, LocalScope)) or (isinstance(e, (Load, LoadDynamic)) and e.tnode is found.store.tnode):
+            return None
+    written = {x for i in found.store.indices for x in _index_symbols(i)}
+    if any(s in written for s, _ in found.loops):
+        return None
+    return found
+
+
+def in_register(stmt: Stmt) -> Stmt:
+    """A reduction into a cell (:func:`tree_reduction`'s first two forms) rewritten to
+    accumulate in a local and store once: ``out[I] := v { v := start; loops { v := v op term }
+    }``. The terms are added in the same order, so the result is the same, but a GPU thread
+    keeps the sum in a register instead of reading and writing device memory at every term."""
+    tree = tree_reduction(stmt)
+    if tree is None or tree.scope is not None:
+        return stmt
+    store = tree.store
+    v = Local(tree.dtype)
+    update: Stmt = SetLocal(v, Binary(tree.op, GetLocal(v), tree.term))
+    for s, n in reversed(tree.loops):
+        update = For(s, n, update, LoopKind.REDUCTION)
+    start = tree.start if tree.start is not None else Load(store.tnode, store.indices)
+    return Store(store.tnode, store.indices, LocalScope(v, seq(SetLocal(v, start), update)))
+
+
+def _same_cell(a: Store, b: Store) -> bool:
+    return (a.tnode, a.indices) == (b.tnode, b.indices)
+
+
+def _index_symbols(idx) -> tuple:
+    if isinstance(idx, Iter):
+        return (idx.symbol,)
+    if isinstance(idx, Affine):
+        return tuple(s for _, s in idx.terms)
+    return ()
+
+
+# ---------------------------------------------------------------------------------------------
+# Planning: which statements run in which kernel, over which grid
+
+
+@dataclass
+class _Plan:
+    """A kernel to print: ``parts`` are (statement without its grid loops, grid loop symbols)
+    run in order at each grid point of ``extents``."""
+
+    parts: list[tuple[Stmt, tuple[Symbol, ...]]]
+    extents: tuple[int, ...]
+    comments: list[str] = field(default_factory=list)
+    tree: TreeReduction | None = None
+    pinned: bool = False  # holds a local declared at the top level: cannot be split
+
+
+def plan_kernels(body: Stmt, options: Options) -> list[_Plan]:
+    """The kernels of a routine body (fills already loops), in launch order."""
+    statements = [s for s in (body.stmts if isinstance(body, Seq) else (body,)) if s != Seq(())]
+    live = _positions_inside_local_lifetimes(statements)
+    plans: list[_Plan] = []
+    run: list[Stmt] = []
+    for position, stmt in enumerate(statements):
+        tree = None if position in live or isinstance(stmt, Comment) else _tree_plan(stmt, options)
+        if tree is None:
+            run.append(stmt)
+            continue
+        comments = []
+        while run and isinstance(run[-1], Comment):
+            comments.insert(0, run.pop().text)
+        plans += _partitioned(run)
+        tree.comments = comments
+        plans.append(tree)
+        run = []
+    plans += _partitioned(run)
+    return plans
+
+
+def _tree_plan(stmt: Stmt, options: Options) -> _Plan | None:
+    loops = grid_candidates(stmt)
+    grid = tuple(f.symbol for f in loops)
+    tree = tree_reduction(without_loops(stmt, grid))
+    cells = math.prod(f.extent for f in loops)
+    if tree is None or tree.volume < max(2, options.tree_min_reduction) or cells > options.tree_max_cells:
+        return None
+    return _Plan([(without_loops(stmt, grid), grid)], tuple(f.extent for f in loops), tree=tree)
+
+
+def _partitioned(run: list[Stmt]) -> list[_Plan]:
+    if not any(not isinstance(s, Comment) for s in run):
+        return []
+    plans = []
+    for k in partition(seq(*run)):
+        if any(p.scatter for p in k.parts):  # one thread, in order (module docstring)
+            plans.append(_Plan([(p.stmt, ()) for p in k.parts], (), list(k.comments), pinned=bool(k.locals)))
+        else:
+            plans.append(_Plan([(p.body, p.grid) for p in k.parts], k.extents, list(k.comments), pinned=bool(k.locals)))
+    return plans
+
+
+def _positions_inside_local_lifetimes(statements: list[Stmt]) -> set[int]:
+    """Positions of top-level statements that a local declared at the top level lives across
+    (declared before, used after): they must stay in the kernel of the local."""
+    first: dict[Local, int] = {}
+    last: dict[Local, int] = {}
+    for position, stmt in enumerate(statements):
+        for s in iter_stmts(stmt):
+            used = [s.local] if isinstance(s, (DeclareLocal, SetLocal)) else []
+            used += [e.local for x in stmt_exprs(s) for e in iter_exprs(x) if isinstance(e, GetLocal)]
+            if isinstance(s, DeclareLocal) and s is stmt:
+                first.setdefault(s.local, position)
+            for local in used:
+                last[local] = position
+    inside: set[int] = set()
+    for local, start in first.items():
+        inside.update(range(start, last[local] + 1))
+    return inside
+
+
+def _split_by_buffers(plan: _Plan) -> list[_Plan]:
+    """``plan`` cut between its statements so that each kernel takes at most
+    :data:`MAX_BUFFERS` arguments (running the statements one kernel after the other is what
+    the loop IR means anyway); a kernel holding top-level locals stays whole."""
+    if plan.pinned or plan.tree is not None or len(plan.parts) < 2 or _arguments(s for s, _ in plan.parts) <= MAX_BUFFERS:
+        return [plan]
+    out: list[_Plan] = []
+    for part in plan.parts:
+        if out and _arguments([s for s, _ in out[-1].parts] + [part[0]]) <= MAX_BUFFERS:
+            out[-1].parts.append(part)
+        else:
+            out.append(_Plan([part], plan.extents, [] if out else plan.comments))
+    return out
+
+
+def _arguments(statements) -> int:
+    """Buffer arguments a kernel running ``statements`` takes (counting a status buffer)."""
+    ir = RoutineIR("kernel", seq(*statements))
+    return len(set(ir.reads + ir.writes)) + len(ir.static_symbols) + 1
+
+
+def fills_as_loops(stmt: Stmt) -> Stmt:
+    """``stmt`` with every whole-buffer fill written as a loop nest storing into each cell."""
+    match stmt:
+        case Fill(tnode=node, value=value):
+            if node.size == 0:
+                return Seq(())
+            symbols = [Symbol() if d > 1 else None for d in node.dims]
+            body: Stmt = Store(node, tuple(Iter(s) if s else Fixed(0) for s in symbols), value)
+            for s, d in reversed(list(zip(symbols, node.dims))):
+                if s is not None:
+                    body = loop(s, d, body)
+            return body
+        case Seq(stmts=stmts):
+            return Seq(tuple(fills_as_loops(s) for s in stmts))
+        case For(symbol=s, extent=n, body=body, kind=kind):
+            return For(s, n, fills_as_loops(body), kind)
+    return stmt
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks
+
+
+def check_dtypes(routine: RoutineIR) -> None:
+    """:class:`DTypeError` naming the tensor when the routine stores or computes float64."""
+    for node in sorted(set(routine.reads + routine.writes) | _filled(routine), key=lambda n: n.id):
+        if node.dtype is dtypes.float64:
+            raise DTypeError(
+                f"tensor {node.debug_name} is float64, and Metal has no float64 (MSL has no double): "
+                f"make it float32 (dtype='float32') to run routine {routine.name} on the metal backend, "
+                f"or run it on the c backend"
+            )
+    for s in iter_stmts(routine.body):
+        values = [e for x in stmt_exprs(s) for e in iter_exprs(x)]
+        if isinstance(s, (DeclareLocal, SetLocal)) and s.local.dtype is dtypes.float64 or any(
+            e.dtype is dtypes.float64 for e in values
+        ):
+            target = getattr(s, "tnode", None)
+            where = f"while computing tensor {target.debug_name}" if target is not None else "in a local variable"
+            raise DTypeError(
+                f"routine {routine.name} computes a float64 value {where}, and Metal has no float64 "
+                f"(MSL has no double): compute in float32 on the metal backend, or use the c backend"
+            )
+
+
+def _filled(routine: RoutineIR) -> set[TNode]:
+    return {s.tnode for s in iter_stmts(routine.body) if isinstance(s, Fill)}
+
+
+def check_limits(kernel: Kernel, routine: str) -> None:
+    """:class:`KernelLimitError` when ``kernel`` exceeds what a Metal device allows."""
+    where = f"kernel {kernel.name} of routine {routine}"
+    if len(kernel.params) > MAX_BUFFERS:
+        names = ", ".join(p.node.debug_name if p.node else p.name for p in kernel.params)
+        raise KernelLimitError(
+            f"{where} takes {len(kernel.params)} buffer arguments ({names}), and Metal allows at most "
+            f"{MAX_BUFFERS}: split the computation so that one assignment reads fewer tensors"
+        )
+    if kernel.threads_per_threadgroup > MAX_THREADS_PER_THREADGROUP:
+        raise KernelLimitError(
+            f"{where} has {kernel.threads_per_threadgroup} threads per threadgroup, and Metal allows at most "
+            f"{MAX_THREADS_PER_THREADGROUP}: lower threads_per_threadgroup (OCANNL_METAL_THREADS)"
+        )
+    if kernel.threadgroup_bytes > MAX_THREADGROUP_BYTES:
+        raise KernelLimitError(
+            f"{where} uses {kernel.threadgroup_bytes} bytes of threadgroup memory, and Metal allows at most "
+            f"{MAX_THREADGROUP_BYTES}: lower threads_per_threadgroup (OCANNL_METAL_THREADS)"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Printing
+
+
+def kernel_prefix(routine_name: str) -> str:
+    """The prefix of a routine's kernel names (``<prefix>_k0``, ``<prefix>_k1``...)."""
+    name = sanitize_identifier(routine_name) or "routine"
+    return f"r_{name}" if name.lower().startswith("ocannl") else name
+
+
+def emit_metal(routine: RoutineIR, options: Options = Options()) -> MetalProgram:
+    """The ``.metal`` source of ``routine`` and its launch plan (module docstring)."""
+    check_dtypes(routine)
+    lowered = RoutineIR(routine.name, fills_as_loops(routine.body))
+    plans = [piece for plan in plan_kernels(lowered.body, options) for piece in _split_by_buffers(plan)]
+    prefix = kernel_prefix(routine.name)
+    names = [f"{prefix}_k{k}" for k in range(len(plans))]
+    syntax = MetalSyntax()
+    sites: list[Site] = []
+    reserved = set(names)
+    kernels = []
+    emitter = None
+    for plan, name in zip(plans, names):
+        emitter = Emitter(syntax, lowered, function_name=name, reserved=reserved, parallel=False)
+        emitter.sites = sites  # one numbering for the whole routine: the status buffer is shared
+        kernel = _KernelPrinter(emitter, plan, name, options).kernel()
+        check_limits(kernel, routine.name)
+        kernels.append(kernel)
+    if emitter is None:
+        emitter = Emitter(syntax, lowered, function_name=prefix, reserved=reserved, parallel=False)
+    header = [
+        f"/* {comment_text(routine.name)}: generated by ocannl from the loop IR; do not edit. */",
+        "#include <metal_stdlib>",
+        "using namespace metal;",
+        "",
+    ]
+    builtins = syntax.builtins()
+    text = "\n".join(header + ([*builtins, ""] if builtins else []) + [k.text + "\n" for k in kernels])
+    return MetalProgram(routine.name, text.rstrip("\n") + "\n", tuple(kernels), tuple(emitter.nodes),
+                        tuple(emitter.symbols), tuple(sites))
+
+
+class _KernelPrinter:
+    """Prints one planned kernel through the shared walk."""
+
+    def __init__(self, emitter: Emitter, plan: _Plan, name: str, options: Options):
+        self.e = emitter
+        self.plan = plan
+        self.name = name
+        self.options = options
+        self.cells = math.prod(plan.extents)
+
+    def kernel(self) -> Kernel:
+        plan, e = self.plan, self.e
+        if plan.tree is not None:
+            wanted = -(-plan.tree.volume // max(1, self.options.tree_terms_per_thread))
+            threads = min(_power_of_two_below(self.options.threads_per_threadgroup), _power_of_two_above(wanted))
+            groups = self.cells
+            body, scratch = self._tree_body(threads)
+            positions = ("threadgroup_position_in_grid", "thread_position_in_threadgroup")
+        else:
+            threads = max(1, min(self.options.threads_per_threadgroup, self.cells))
+            groups = -(-self.cells // threads)
+            body, scratch = self._pointwise_body(groups * threads), 0
+            positions = ("thread_position_in_grid",) if plan.extents else ()
+        statements = seq(*(s for s, _ in plan.parts))
+        ir = RoutineIR(self.name, statements)
+        params = [
+            Param(e.nodes[n], "buffer", msl_type(n.dtype), node=n, writable=n in ir.writes)
+            for n in sorted(set(ir.reads + ir.writes), key=lambda n: e.nodes[n])
+        ]
+        params += [Param(e.symbols[s], "symbol", "int", symbol=s) for s in sorted(ir.static_symbols, key=lambda s: s.name)]
+        if any(re.search(r"\b_status\b", line) for line in body):
+            params.append(Param("_status", "status", "atomic_int", writable=True))
+        declarations = []
+        for k, p in enumerate(params):
+            if p.kind == "symbol":
+                declarations.append(f"constant int& {p.name} [[buffer({k})]]")
+            else:
+                const = "" if p.writable else "const "
+                declarations.append(f"device {const}{p.msl_type}* {p.name} [[buffer({k})]]")
+        position_names = {"thread_position_in_grid": "gid", "threadgroup_position_in_grid": "gid",
+                          "thread_position_in_threadgroup": "lid"}
+        declarations += [f"uint3 {position_names[a]} [[{a}]]" for a in positions]
+        grid = " x ".join(map(str, plan.extents)) or "1"
+        lines = [f"/* {comment_text(c)} */" for c in plan.comments]
+        launch = f"{groups} threadgroup{'s' if groups != 1 else ''} of {threads} thread{'s' if threads != 1 else ''}"
+        what = "a threadgroup reduction per cell" if plan.tree is not None else "one thread per point"
+        lines.append(f"/* grid {grid}: {what}, {launch} */")
+        lines.append(f"kernel void {self.name}(")
+        lines += [f"    {d}," for d in declarations[:-1]] + [f"    {declarations[-1]}) {{" if declarations else "    ) {"]
+        lines += body
+        lines.append("}")
+        return Kernel(self.name, tuple(params), positions, groups, threads, scratch, plan.tree is not None,
+                      "\n".join(lines))
+
+    # -- the grid point ----------------------------------------------------------------------------
+
+    def _grid_lines(self, grid: tuple[Symbol, ...], depth: int) -> list[str]:
+        """Declarations of a part's grid loop indices from the flat grid point ``_g``."""
+        pad = "  " * depth
+        return [f"{pad}const int {self.e.namer.symbol(s)} = {expr};"
+                for s, expr in zip(grid, _unflatten("_g", self.plan.extents))]
+
+    def _pointwise_body(self, launched: int) -> list[str]:
+        plan, e = self.plan, self.e
+        lines = []
+        if plan.extents:
+            lines.append("  const int _g = int(gid.x);  /* this thread's grid point */")
+            if launched > self.cells:
+                lines.append(f"  if (_g >= {self.cells}) return;")
+        braces = sum(1 for _, grid in plan.parts if grid) > 1
+        for stmt, grid in plan.parts:
+            bound = dict(zip(grid, plan.extents))
+            depth = 2 if braces and grid else 1
+            if depth == 2:
+                lines.append("  {")
+            lines += self._grid_lines(grid, depth)
+            lines += e.statement_lines(in_register(stmt), bound, depth)
+            if depth == 2:
+                lines.append("  }")
+        return lines
+
+    def _tree_body(self, threads: int) -> tuple[list[str], int]:
+        """A threadgroup per cell: strided partial results, then a halving tree in threadgroup
+        memory, each step after a barrier (module docstring)."""
+        plan, e = self.plan, self.e
+        tree = plan.tree
+        (stmt, grid), = plan.parts
+        dtype = tree.dtype
+        t = msl_type(dtype)
+        syn = e.syntax
+        combine = lambda a, b: syn.binary(tree.op, dtype, a, b)  # noqa: E731
+        bound = dict(zip(grid, plan.extents))
+        lines = [f"  threadgroup {t} _red[{threads}];  /* one partial result per thread */"]
+        if plan.extents:
+            lines.append("  const int _g = int(gid.x);  /* this threadgroup's cell */")
+        lines += self._grid_lines(grid, 1)
+        lines.append(f"  {t} _acc = {syn.literal(tree.identity(), dtype)};")
+        lines.append(f"  for (int _r = int(lid.x); _r < {tree.volume}; _r += {threads}) {{")
+        terms = dict(tree.loops)
+        extents = tuple(n for _, n in tree.loops)
+        lines += [f"    const int {e.namer.symbol(s)} = {expr};" for (s, _), expr in zip(tree.loops, _unflatten("_r", extents))]
+        prelude, term = e.expression_lines(tree.term, {**bound, **terms}, 2, tree.store)
+        lines += prelude
+        lines.append(f"    _acc = {combine('_acc', term)};")
+        lines.append("  }")
+        lines.append("  _red[lid.x] = _acc;")
+        lines.append("  threadgroup_barrier(mem_flags::mem_threadgroup);")
+        lines.append(f"  for (uint _s = {threads // 2}u; _s > 0u; _s >>= 1u) {{")
+        lines.append("    if (lid.x < _s) {")
+        lines.append(f"      _red[lid.x] = {combine('_red[lid.x]', '_red[lid.x + _s]')};")
+        lines.append("    }")
+        lines.append("    threadgroup_barrier(mem_flags::mem_threadgroup);")
+        lines.append("  }")
+        total = Local(dtype)
+        lines.append("  if (lid.x == 0u) {")
+        lines.append(f"    const {t} {e.namer.local(total)} = _red[0];")
+        store = tree.store
+        if tree.scope is not None:
+            start = tree.init or Const(0.0 if dtype.is_float else 0, dtype)  # a local starts at 0
+            value = _replace(store.value, tree.scope, Binary(tree.op, start, GetLocal(total)))
+        elif tree.start is not None:
+            value = Binary(tree.op, tree.start, GetLocal(total))
+        else:
+            value = Binary(tree.op, Load(store.tnode, store.indices), GetLocal(total))
+        lines += e.statement_lines(Store(store.tnode, store.indices, value), bound, 2)
+        lines.append("  }")
+        return lines, threads * dtype.itemsize
+
+
+def _unflatten(flat: str, extents: tuple[int, ...]) -> list[str]:
+    """The row-major coordinates of the flat index ``flat`` over ``extents``."""
+    out = []
+    for k, n in enumerate(extents):
+        stride = math.prod(extents[k + 1:])
+        if len(extents) == 1:
+            out.append(flat)
+        elif k == 0:
+            out.append(f"{flat} / {stride}")
+        elif stride == 1:
+            out.append(f"{flat} % {n}")
+        else:
+            out.append(f"{flat} / {stride} % {n}")
+    return out
+
+
+def _power_of_two_below(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+def _power_of_two_above(n: int) -> int:
+    return 1 << (max(1, n) - 1).bit_length()
+
+
+def _replace(e: Expr, old: Expr, new: Expr) -> Expr:
+    """``e`` with the sub-expression ``old`` (by identity) replaced by ``new``."""
+    if e is old:
+        return new
+    match e:
+        case Unary(x=x):
+            return dataclasses.replace(e, x=_replace(x, old, new))
+        case Cast(x=x):
+            return dataclasses.replace(e, x=_replace(x, old, new))
+        case Binary(a=a, b=b):
+            return dataclasses.replace(e, a=_replace(a, old, new), b=_replace(b, old, new))
+        case Ternary(a=a, b=b, c=c):
+            return dataclasses.replace(e, a=_replace(a, old, new), b=_replace(b, old, new), c=_replace(c, old, new))
+        case LoadDynamic(position=p):
+            return dataclasses.replace(e, position=_replace(p, old, new))
+    return e

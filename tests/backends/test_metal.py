@@ -1,0 +1,827 @@
+"""The Metal backend: MSL kernels run on the CPU through the C++ shim, against the interpreter.
+
+Default run: the conformance kit (0 mismatches; the catalog also bit for bit except libm
+results, the PRNG programs exactly), every operator and cast on hand-built routines,
+float16/bfloat16 rounding, the PRNG, runtime checks; threadgroup tree reductions against the
+interpreter (and the catalog with trees wherever a reduction allows one); a kernel whose barrier
+is deleted is caught by ThreadSanitizer and computes a wrong result; every catalog source parses
+as C++20 with g++ and clang++ (when installed); the emitter's invariants (address spaces, no
+double, Metal's limits) and its errors; golden ``.metal`` files; the normal API (``Context``,
+``OCANNL_BACKEND``, ``Context.auto()`` never picking metal) and the moons example against ``c``.
+
+Slow run (``pytest -m slow``): the catalog under AddressSanitizer + UBSan, the reduction kernels
+under ThreadSanitizer, the catalog compiled by clang++, and planted bugs each sanitizer must
+report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import ocannl as oc
+from golden import check_golden
+from handbuilt import accum, matvec, padded_conv1d
+from ocannl import session, testing
+from ocannl.backends import base
+from ocannl.backends.interp import InterpBackend
+from ocannl.backends.metal import KernelLimitError, MetalBackend, Options, emit_metal, harness
+from ocannl.backends.metal.emit import MAX_BUFFERS, Kernel, check_limits
+from ocannl.errors import BackendUnavailable, OutOfBoundsError
+from ocannl.lowlevel import dtypes, prng, prng_reference
+from ocannl.lowlevel.assignments import Block
+from ocannl.lowlevel.dtypes import DType, DTypeError
+from ocannl.lowlevel.indexing import Affine, Fixed, IndexSymbol, Iter, Symbol
+from ocannl.lowlevel.ir import (
+    Binary,
+    Cast,
+    Const,
+    DeclareLocal,
+    EmbedIndex,
+    Fill,
+    For,
+    GetLocal,
+    Load,
+    LoadDynamic,
+    Local,
+    LocalScope,
+    RoutineIR,
+    SetLocal,
+    Store,
+    StoreDynamic,
+    Ternary,
+    Unary,
+    loop,
+    seq,
+)
+from ocannl.lowlevel.lower import lower_routine
+from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
+from ocannl.lowlevel.tnode import TNode
+
+HAVE_METAL = MetalBackend().available()[0]
+needs_metal = pytest.mark.skipif(not HAVE_METAL, reason="no C++20 compiler for the Metal shim here")
+HAVE_CLANG = shutil.which("clang++") is not None
+needs_clang = pytest.mark.skipif(not HAVE_CLANG, reason="clang++ is not installed (Debian: apt-get install -y clang)")
+
+
+def _tsan_works() -> bool:
+    if not HAVE_METAL:
+        return False
+    try:
+        harness.toolchain("thread")
+    except BackendUnavailable:
+        return False
+    return True
+
+
+HAVE_TSAN = _tsan_works()
+needs_tsan = pytest.mark.skipif(not HAVE_TSAN, reason="the C++ compiler cannot build ThreadSanitizer programs here")
+
+LIBM_UNARY = {Unop.EXP, Unop.LOG, Unop.EXP2, Unop.LOG2, Unop.SIN, Unop.COS, Unop.TANH, Unop.SIGMOID}
+LIBM_PROGRAMS = {"unary exp", "unary log", "unary exp2", "unary log2", "unary sin", "unary cos", "unary tanh",
+                 "unary sigmoid", "binary pow"}
+MAX_ULPS = 4
+
+
+def metal_catalog() -> list[testing.Program]:
+    """The conformance catalog without its float64 program (Metal has no double: that program's
+    error is checked by :func:`test_float64_is_a_clear_error_naming_the_tensor`)."""
+    return [p for p in testing.catalog() if "float64" not in p.name]
+
+
+# ---------------------------------------------------------------------------------------------
+# Running hand-built routines
+
+
+def storage_shape(node: TNode) -> tuple[int, ...]:
+    return node.dims + ((4,) if node.dtype is dtypes.uint4x32 else ())
+
+
+def run_on(backend, routine: RoutineIR, inputs: dict, bindings: dict | None = None) -> dict[TNode, np.ndarray]:
+    buffers = {}
+    for node in routine.reads + routine.writes:
+        if node in inputs:
+            buffers[node] = np.ascontiguousarray(np.array(inputs[node], dtype=node.dtype.storage).reshape(storage_shape(node)))
+        else:
+            buffers[node] = np.zeros(storage_shape(node), dtype=node.dtype.storage)
+    backend.compile(routine).run(buffers, bindings or {})
+    return {node: buffers[node] for node in routine.writes}
+
+
+def run_both(routine: RoutineIR, inputs: dict, bindings: dict | None = None):
+    return run_on(InterpBackend(), routine, inputs, bindings), run_on(MetalBackend(), routine, inputs, bindings)
+
+
+def assert_same_bits(expected: np.ndarray, got: np.ndarray, what: str = "") -> None:
+    """Equal bit patterns; floats' NaNs only need to be NaNs on both sides."""
+    assert expected.shape == got.shape and expected.dtype == got.dtype, what
+    if expected.dtype.kind == "f":
+        nan = np.isnan(expected)
+        assert np.array_equal(nan, np.isnan(got)), f"{what}: NaNs differ"
+        bad = (expected.view(f"u{expected.dtype.itemsize}") != got.view(f"u{expected.dtype.itemsize}")) & ~nan
+    else:
+        bad = expected != got
+    if bad.any():
+        i = tuple(int(k) for k in np.argwhere(bad)[0])
+        raise AssertionError(f"{what}: interp {expected[i]!r} but metal {got[i]!r} at {i}")
+
+
+def assert_close_ulps(expected: np.ndarray, got: np.ndarray, what: str = "") -> None:
+    nan = np.isnan(expected)
+    assert np.array_equal(nan, np.isnan(got)), f"{what}: NaNs differ"
+    e, g = expected[~nan], got[~nan]
+    ulps = np.abs(e.view(np.int32).astype(np.int64) - g.view(np.int32).astype(np.int64))
+    assert ((e == g) | ((np.sign(e) == np.sign(g)) & (ulps <= MAX_ULPS))).all(), f"{what}: more than {MAX_ULPS} ulps apart"
+
+
+def pointwise(out: TNode, value) -> For:
+    i = Symbol()
+    return loop(i, out.dims[0], Store(out, (Iter(i),), value(Iter(i))))
+
+
+def reduction(name: str, out_dtype: DType = dtypes.float32, rows: int = 4, cols: int = 1000, op: Binop = Binop.ADD,
+              init: bool = True):
+    """``s[i] (=:) op over j of x[i, j]`` lowered: (routine, x, s)."""
+    x, s = TNode("x", (rows, cols), out_dtype), TNode("s", (rows,), out_dtype)
+    i, j = Symbol(), Symbol()
+    asg = accum(s, op, Unop.ID, (x,), [(i, rows), (j, cols)], (Iter(i),), ((Iter(i), Iter(j)),), init=init)
+    return lower_routine(name, asg), x, s
+
+
+def cooperative_kernels(routine: RoutineIR, options: Options = Options()) -> list[Kernel]:
+    return [k for k in emit_metal(routine, options).kernels if k.cooperative]
+
+
+# ---------------------------------------------------------------------------------------------
+# The conformance kit
+
+
+@needs_metal
+def test_conformance_kit_passes_with_no_mismatch():
+    report = testing.conformance("metal", programs=metal_catalog(), random_programs=20)
+    print(report.summary())
+    assert report.ok, report.summary()
+    assert not report.mismatches and len(report.passed) == len(metal_catalog()) + 20
+
+
+@needs_metal
+def test_catalog_is_bit_identical_except_libm():
+    """Without threadgroup reductions (the catalog's reductions are short), every value is the
+    interpreter's, bit for bit, except the results of libm functions."""
+    for program in metal_catalog():
+        expected, got = testing.run_program(program, "interp"), testing.run_program(program, "metal")
+        assert expected.keys() == got.keys(), program.name
+        for name, value in expected.items():
+            if program.name in LIBM_PROGRAMS and value.dtype.kind == "f":
+                assert np.allclose(value, got[name], rtol=testing.FLOAT_RTOL, atol=testing.FLOAT_ATOL), name
+            else:
+                assert_same_bits(value, got[name], f"{program.name}: {name}")
+
+
+@needs_metal
+def test_float64_is_a_clear_error_naming_the_tensor():
+    (program,) = [p for p in testing.catalog() if "float64" in p.name]
+    with pytest.raises(DTypeError, match=r"tensor u is float64, and Metal has no float64.*float32"):
+        testing.run_program(program, "metal")
+    x = TNode("x", (3,), dtypes.float32)
+    y = TNode("y", (3,), dtypes.float32)
+    through_double = pointwise(y, lambda i: Cast(Cast(Load(x, (i,)), dtypes.float64), dtypes.float32))
+    with pytest.raises(DTypeError, match="computes a float64 value while computing tensor y"):
+        emit_metal(RoutineIR("through_double", through_double))
+
+
+# ---------------------------------------------------------------------------------------------
+# Every operator, every compute type Metal has
+
+
+SPECIAL_F = [0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 2.5, -3.75, 1e-40, -1e-44, 3e38, -3e38, np.inf, -np.inf,
+             np.nan, 0.1, 7.0, 1e-7, 0.999, 1.0000001, 100.0, -100.0, 0.25, 33.5]
+INT_RANGES = {dtypes.int32: (-(2**31), 2**31 - 1), dtypes.int64: (-(2**63), 2**63 - 1), dtypes.uint32: (0, 2**32 - 1)}
+
+
+def operand_values(dtype: DType, n: int = 64):
+    rng = np.random.default_rng(3)
+    if dtype.is_float:
+        special = np.array(SPECIAL_F, dtype=dtype.storage)
+        rand = (rng.standard_normal(n) * 10).astype(dtype.storage)
+    else:
+        lo, hi = INT_RANGES[dtype]
+        special = np.array([lo, hi, 0, 1, -1 if lo < 0 else 2, lo + 1, hi - 1, 7, 100, 3], dtype=dtype.storage)
+        rand = rng.integers(lo, hi, n, dtype=dtype.storage, endpoint=True)
+    x = np.concatenate([special, rand])[:n]
+    y, z = np.roll(x, 5), np.roll(x, 11)
+    d = np.where(y == 0, 3, y).astype(dtype.storage)
+    if not dtype.is_float:
+        d[:4] = np.array([-1, 1, 2, -3] if INT_RANGES[dtype][0] < 0 else [1, 2, 3, 7], dtype=dtype.storage)
+    return x, y, z, d
+
+
+def op_routine(dtype: DType, n: int = 64):
+    x, y, z, d = (TNode(name, (n,), dtype) for name in ("x", "y", "z", "d"))
+    outputs, stmts = {}, []
+    unops = [op for op in Unop if op not in (Unop.UNIFORM1, Unop.UINT4X32_OF)]
+    binops = [op for op in Binop if op is not Binop.THREEFRY4X32]
+    for op in unops + binops + list(Ternop):
+        if op.float_only and not dtype.is_float:
+            continue
+        out = TNode(f"out_{op.value}", (n,), dtype)
+
+        def value(i, op=op):
+            a, b, c = Load(x, (i,)), Load(y, (i,)), Load(z, (i,))
+            if isinstance(op, Unop):
+                return Unary(op, a)
+            if isinstance(op, Binop):
+                return Binary(op, a, Load(d, (i,)) if op in (Binop.DIV, Binop.MOD) else b)
+            return Ternary(op, a, b, c)
+
+        outputs[op] = out
+        stmts.append(pointwise(out, value))
+    return RoutineIR(f"ops_{dtype.name}", seq(*stmts)), dict(zip((x, y, z, d), operand_values(dtype, n))), outputs
+
+
+@needs_metal
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.int32, dtypes.int64, dtypes.uint32], ids=str)
+def test_every_operator_matches_the_interpreter(dtype):
+    routine, inputs, outputs = op_routine(dtype)
+    expected, got = run_both(routine, inputs)
+    for op, node in outputs.items():
+        if op in LIBM_UNARY or op is Binop.POW:
+            assert_close_ulps(expected[node], got[node], f"{op.value} {dtype}")
+        else:
+            assert_same_bits(expected[node], got[node], f"{op.value} {dtype}")
+
+
+@needs_metal
+def test_casts_between_every_compute_type():
+    types = [dtypes.float32, dtypes.int32, dtypes.int64, dtypes.uint32]
+    n = 12
+    float_values = [-3.7, -0.5, 0.0, -0.0, 2.9, 1e9, -2e9, 3e9, 16777217.0, 0.1, 65504.5, -7.25]
+    int_values = [-(2**31), 2**31 - 1, -1, 0, 1, 2**24 + 1, 123456789, -98765, 7, 2**30, -5, 255]
+    sources = {t: TNode(f"src_{t.name}", (n,), t) for t in types}
+    inputs = {node: np.array(float_values if t.is_float else int_values, dtype=np.float64 if t.is_float else np.int64).astype(t.storage)
+              for t, node in sources.items()}
+    inputs[sources[dtypes.int64]] = np.array(int_values[:-2] + [2**53 + 1, -(2**62) - 3], dtype=np.int64)
+    stmts, outputs = [], []
+    for s in types:
+        for t in types:
+            if s is not t:
+                out = TNode(f"{s.name}_to_{t.name}", (n,), t)
+                outputs.append(out)
+                stmts.append(pointwise(out, lambda i, s=s, t=t: Cast(Load(sources[s], (i,)), t)))
+    expected, got = run_both(RoutineIR("casts", seq(*stmts)), inputs)
+    for out in outputs:
+        assert_same_bits(expected[out], got[out], out.name)
+
+
+@needs_metal
+def test_float16_and_bfloat16_round_like_the_interpreter():
+    n = 4096
+    x = TNode("x", (n,), dtypes.float32)
+    h, b = TNode("h", (n,), dtypes.float16), TNode("b", (n,), dtypes.bfloat16)
+    back, prod = TNode("back", (n,), dtypes.float32), TNode("prod", (n,), dtypes.float16)
+    body = seq(
+        pointwise(h, lambda i: Load(x, (i,))),
+        pointwise(b, lambda i: Load(x, (i,))),
+        pointwise(back, lambda i: Binary(Binop.ADD, Load(h, (i,)), Load(b, (i,)))),
+        pointwise(prod, lambda i: Binary(Binop.MUL, Load(b, (i,)), Const(3.0))),
+    )
+    rng = np.random.default_rng(5)
+    special = np.array([1 + 2**-11, 1 + 3 * 2**-11, 1 + 2**-8, 1 + 3 * 2**-8, 2**-24, 2**-25, 3 * 2**-26, 65504,
+                        65519.99, 65520, -65520, 1e-8, np.inf, -np.inf, np.nan, 0.0, -0.0, 3.4e38, 6e-5, 1e-45],
+                       dtype=np.float32)
+    values = np.concatenate([special, rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32).view(np.float32),
+                             (rng.standard_normal(n) * 1e3).astype(np.float32)])[:n]
+    expected, got = run_both(RoutineIR("halves", body), {x: values})
+    for node in (h, b, back, prod):
+        assert_same_bits(expected[node], got[node], node.name)
+    every_half = TNode("every_half", (1 << 16,), dtypes.float16)
+    widened = TNode("widened", (1 << 16,), dtypes.float32)
+    halves = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    got = run_on(MetalBackend(), RoutineIR("widen", pointwise(widened, lambda i: Load(every_half, (i,)))), {every_half: halves})
+    assert_same_bits(halves.astype(np.float32), got[widened], "every half to float")
+
+
+@needs_metal
+def test_prng_operators_match_the_reference():
+    n = 40
+    key = TNode("key", (1,), dtypes.uint4x32)
+    signed = TNode("signed", (n,), dtypes.int32)
+    bits, f32, of = (TNode(name, (n,), dt) for name, dt in
+                     (("bits", dtypes.uint4x32), ("f32", dtypes.float32), ("of", dtypes.uint4x32)))
+
+    def block(i):
+        return Binary(Binop.THREEFRY4X32, Load(key, (Fixed(0),)), Unary(Unop.UINT4X32_OF, EmbedIndex(i)))
+
+    body = seq(
+        pointwise(bits, block),
+        pointwise(f32, lambda i: Unary(Unop.UNIFORM1, block(i), dtypes.float32)),
+        pointwise(of, lambda i: Unary(Unop.UINT4X32_OF, Load(signed, (i,)))),
+    )
+    k = np.array([[7, 0xDEADBEEF, 3, 0]], np.uint32)
+    expected, got = run_both(RoutineIR("prng", body), {key: k, signed: np.arange(-20, 20, dtype=np.int32) * 1000003})
+    for node in (bits, f32, of):
+        assert_same_bits(expected[node], got[node], node.name)
+    counters = np.zeros((n, 4), np.uint32)
+    counters[:, 0] = np.arange(n)
+    assert np.array_equal(got[bits], prng_reference.threefry4x32(k[0], counters))
+    assert got[of][0].tolist() == [(-20 * 1000003) & 0xFFFFFFFF, 0xFFFFFFFF, 0, 0]
+
+
+@needs_metal
+def test_locals_fills_margins_and_lazy_where():
+    n = 6
+    x = TNode("x", (n, 5), dtypes.float32)
+    ids = TNode("ids", (n,), dtypes.int32)
+    table = TNode("table", (4,), dtypes.float32)
+    running, chosen, shifted = (TNode(name, (n,), dtypes.float32) for name in ("running", "chosen", "shifted"))
+    filled = TNode("filled", (2, 3), dtypes.bfloat16)
+    i, j, k = Symbol(), Symbol(), Symbol()
+    acc, s = Local(dtypes.float32), Local(dtypes.float32)
+    row_sum = LocalScope(s, seq(SetLocal(s, Const(0.5)), loop(k, 5, SetLocal(s, Binary(Binop.ADD, GetLocal(s), Load(x, (Iter(i), Iter(k))))))))
+    gather = LoadDynamic(table, 0, Load(ids, (Iter(i),)), ())  # out of the table where the condition is false
+    cond = Binary(Binop.GT, Load(x, (Iter(i), Fixed(0))), Const(0.0))
+    body = seq(
+        Fill(filled, Const(1.3)),
+        loop(i, n, seq(
+            DeclareLocal(acc),
+            loop(j, 5, SetLocal(acc, Binary(Binop.MAX, GetLocal(acc), Load(x, (Iter(i), Iter(j)))))),
+            Store(running, (Iter(i),), GetLocal(acc)),
+            Store(chosen, (Iter(i),), Ternary(Ternop.WHERE, cond, gather, row_sum)),
+            Store(shifted, (Iter(i),), Load(running, (Affine(((1, i),), 2),), oob_value=-7.0)),
+        )),
+    )
+    xs = np.random.default_rng(1).standard_normal((n, 5)).astype(np.float32)
+    xs[:, 0] = [1.0, -1.0, 2.0, -2.0, 0.5, 0.0]
+    inputs = {x: xs, ids: np.array([1, 99, 3, -7, 0, 12], np.int32), table: np.array([10, 20, 30, 40], np.float32)}
+    expected, got = run_both(RoutineIR("locals", body), inputs)
+    for node in (running, chosen, filled):
+        assert_same_bits(expected[node], got[node], node.name)
+
+
+@needs_metal
+def test_runtime_checks_raise_like_the_interpreter():
+    n = 4
+    ids = TNode("ids", (n,), dtypes.int32)
+    table = TNode("table", (3,), dtypes.float32)
+    out = TNode("out", (n,), dtypes.float32)
+    gather = RoutineIR("gather", pointwise(out, lambda i: LoadDynamic(table, 0, Load(ids, (i,)), ())))
+    j = Symbol()
+    scatter = RoutineIR("scatter", loop(j, n, StoreDynamic(table, 0, Load(ids, (Iter(j),)), (), Load(out, (Iter(j),)))))
+    metal = MetalBackend()
+    bufs = {ids: np.array([0, 2, 3, 1], np.int32), table: np.zeros(3, np.float32), out: np.zeros(n, np.float32)}
+    with pytest.raises(OutOfBoundsError, match="table"):
+        metal.compile(gather).run(bufs, {})
+    with pytest.raises(OutOfBoundsError, match="table"):
+        metal.compile(scatter).run(bufs, {})
+    a, b, q = (TNode(name, (n,), dtypes.int32) for name in ("a", "b", "q"))
+    div = RoutineIR("div", pointwise(q, lambda i: Binary(Binop.DIV, Load(a, (i,)), Load(b, (i,)))))
+    with pytest.raises(ZeroDivisionError):
+        metal.compile(div).run({a: np.ones(n, np.int32), b: np.array([1, 2, 0, 3], np.int32), q: np.zeros(n, np.int32)}, {})
+    sym = IndexSymbol("row")  # no size: the access is checked when it runs
+    x = TNode("x", (3, n), dtypes.float32)
+    executable = metal.compile(RoutineIR("slice", pointwise(out, lambda i: Load(x, (Iter(sym), i)))))
+    executable.run({x: np.ones((3, n), np.float32), out: np.zeros(n, np.float32)}, {sym: 2})
+    with pytest.raises(OutOfBoundsError, match="x"):
+        executable.run({x: np.ones((3, n), np.float32), out: np.zeros(n, np.float32)}, {sym: 3})
+
+
+# ---------------------------------------------------------------------------------------------
+# Threadgroup tree reductions
+
+
+def tree_cases():
+    """(name, routine builder, exact): reductions long enough for threadgroup trees."""
+
+    def row_sums():
+        return reduction("row_sums")[0]
+
+    def full_sum():
+        x, s = TNode("x", (50, 37)), TNode("s", ())
+        i, j = Symbol(), Symbol()
+        return lower_routine("full_sum", accum(s, Binop.ADD, Unop.ID, (x,), [(i, 50), (j, 37)], (), ((Iter(i), Iter(j)),),
+                                               init=True))
+
+    def row_max():
+        return reduction("row_max", op=Binop.MAX, rows=3, cols=777)[0]
+
+    def int_sums():
+        return reduction("int_sums", dtypes.int32, rows=5, cols=600)[0]
+
+    def onto_existing():  # no reset: the cell's own value starts the sum
+        return reduction("onto_existing", rows=2, cols=513, init=False)[0]
+
+    def matvec_long():
+        return lower_routine("matvec_long", matvec(TNode("a", (6, 1200)), TNode("v", (1200,)), TNode("c", (6,))))
+
+    def inlined_scope():  # relu of a long dot product: the reduction lives in a local scope
+        a, v, c = TNode("a", (5, 700)), TNode("v", (700,)), TNode("c", (5,))
+        i, k = Symbol(), Symbol()
+        s = Local(dtypes.float32)
+        dot = LocalScope(s, seq(SetLocal(s, Const(0.25)), loop(k, 700, SetLocal(
+            s, Binary(Binop.ADD, GetLocal(s), Binary(Binop.MUL, Load(a, (Iter(i), Iter(k))), Load(v, (Iter(k),))))))))
+        return RoutineIR("inlined_scope", loop(i, 5, Store(c, (Iter(i),), Unary(Unop.RELU, dot))))
+
+    return [("row_sums", row_sums, False), ("full_sum", full_sum, False), ("row_max", row_max, True),
+            ("int_sums", int_sums, True), ("onto_existing", onto_existing, False), ("matvec_long", matvec_long, False),
+            ("inlined_scope", inlined_scope, False)]
+
+
+def tree_inputs(routine: RoutineIR) -> dict:
+    rng = np.random.default_rng(11)
+    out = {}
+    for node in routine.reads:
+        if node.dtype.is_float:
+            out[node] = rng.standard_normal(node.dims).astype(node.dtype.storage)
+        else:
+            out[node] = rng.integers(-1000, 1000, node.dims).astype(node.dtype.storage)
+    return out
+
+
+@needs_metal
+@pytest.mark.parametrize("name,build,exact", tree_cases(), ids=[c[0] for c in tree_cases()])
+def test_tree_reductions_match_the_interpreter(name, build, exact):
+    routine = build()
+    kernels = cooperative_kernels(routine)
+    assert len(kernels) == 1 and "threadgroup_barrier(mem_flags::mem_threadgroup);" in kernels[0].text, name
+    threads = kernels[0].threads_per_threadgroup
+    assert threads & (threads - 1) == 0 and 32 <= threads <= 256 and kernels[0].threadgroup_bytes <= 32 * 1024
+    expected, got = run_both(routine, tree_inputs(routine))
+    for node in routine.writes:
+        if exact:
+            assert_same_bits(expected[node], got[node], f"{name}: {node.name}")
+        else:
+            np.testing.assert_allclose(got[node], expected[node], rtol=1e-5, atol=1e-4, err_msg=name)
+
+
+@needs_metal
+def test_short_reductions_accumulate_in_a_register():
+    """Below the tree threshold a thread sums in a local, in the interpreter's order."""
+    routine, x, s = reduction("short", rows=3, cols=40)
+    text = emit_metal(routine).text
+    assert "threadgroup" not in text.replace("threadgroup of", "").replace("threadgroups of", "")
+    assert re.search(r"float v\d+ = 0\.0f;", text) and re.search(r"s\[i\d+\] = v\d+;", text)
+    expected, got = run_both(routine, tree_inputs(routine))
+    assert_same_bits(expected[s], got[s])
+
+
+@needs_metal
+def test_catalog_with_threadgroup_trees_wherever_possible(monkeypatch):
+    """``metal_tree_min=2`` turns every reduction the tree handles into one: the results agree
+    with the interpreter within rounding (sums in another order)."""
+    monkeypatch.setenv("OCANNL_METAL_TREE_MIN", "2")
+    wanted = ("einsum", "compose", "reductions", "conv", "einmax", "tropical", "training step sgd", "training step adam")
+    programs = [dataclasses.replace(p, exact=False) for p in metal_catalog() if any(w in p.name for w in wanted)]
+    assert len(programs) >= 15
+    report = testing.conformance("metal", programs=programs, random_programs=5)
+    assert report.ok, report.summary()
+
+
+@needs_metal
+def test_a_deleted_barrier_computes_a_wrong_result():
+    routine, x, s = reduction("no_barrier")
+    program = emit_metal(routine)
+    mutated = delete_first_barrier(program.text)
+    inputs = tree_inputs(routine)
+    expected = run_on(InterpBackend(), routine, inputs)[s]
+    runner = harness.load(program, harness.toolchain(), mutated)
+    got = run_runner(program, runner, inputs)[s]
+    assert not np.allclose(got, expected, rtol=1e-3), "the mutation went unnoticed"
+
+
+@needs_tsan
+def test_thread_sanitizer_reports_a_deleted_barrier():
+    """Deterministic: without the first barrier, thread 0 reads the partial result of thread
+    T/2 with nothing ordering the two accesses, which ThreadSanitizer reports whatever the
+    timing."""
+    routine, x, s = reduction("tsan_barrier")
+    program = emit_metal(routine)
+    inputs = tree_inputs(routine)
+    tsan = harness.toolchain("thread")
+    clean = run_runner(program, harness.load(program, tsan), inputs)[s]  # no report on the real kernel
+    np.testing.assert_allclose(clean, run_on(InterpBackend(), routine, inputs)[s], rtol=1e-5, atol=1e-4)
+    with pytest.raises(harness.SanitizerError, match=r"(?s)ThreadSanitizer: data race.*tsan_barrier\.metal"):
+        run_runner(program, harness.load(program, tsan, delete_first_barrier(program.text)), inputs)
+
+
+def delete_first_barrier(text: str) -> str:
+    start = text.index("  threadgroup_barrier(")
+    mutated = text[:start] + text[text.index("\n", start) + 1:]
+    assert mutated.count("threadgroup_barrier(") == text.count("threadgroup_barrier(") - 1
+    return mutated
+
+
+def run_runner(program, runner, inputs: dict) -> dict[TNode, np.ndarray]:
+    """Runs a harness runner (maybe built from mutated text) on fresh buffers."""
+    import ctypes
+
+    arrays = [np.ascontiguousarray(np.array(inputs[n], n.dtype.storage)) if n in inputs else np.zeros(storage_shape(n), n.dtype.storage)
+              for n in program.nodes]
+    addresses = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+    assert runner(addresses, np.zeros(0, np.int32), arrays) == 0
+    return dict(zip(program.nodes, arrays))
+
+
+# ---------------------------------------------------------------------------------------------
+# Every emitted source: address spaces, no double, parses with g++ and clang++
+
+
+@pytest.fixture(scope="module")
+def catalog_routines() -> list[RoutineIR]:
+    """The optimized routines (init routines too) of every catalog program, captured from an
+    interpreter context."""
+    routines: list[RoutineIR] = []
+    for program in testing.catalog():
+        session.reset()
+        items = list(program.build())
+        ctx = oc.Context("interp")
+        compile_ir = ctx.backend.compile
+        ctx.backend.compile = lambda r, compile_ir=compile_ir: (routines.append(r), compile_ir(r))[1]
+        ctx.compile(*items)
+    session.reset()
+    return routines
+
+
+def catalog_sources(routines: list[RoutineIR]) -> list[tuple[str, str]]:
+    out = []
+    for r in routines:
+        try:
+            out.append((r.name, emit_metal(r).text))
+        except DTypeError:
+            assert any(n.dtype is dtypes.float64 for n in r.reads + r.writes), r.name
+    return out
+
+
+def test_every_pointer_has_an_address_space_and_nothing_is_double(catalog_routines):
+    sources = catalog_sources(catalog_routines)
+    assert len(sources) >= 55
+    for name, text in sources:
+        for params in re.findall(r"kernel void \w+\((.*?)\) \{", text, re.S):
+            for param in params.split(",\n"):
+                if "*" in param or "&" in param:
+                    assert re.match(r"\s*(device|constant|threadgroup) ", param), f"{name}: {param!r}"
+        code = re.sub(r"/\*.*?\*/", "", text)
+        assert not re.search(r"\b(double|std|malloc|printf)\b", code), name
+
+
+def parse_all(sources: list[tuple[str, str]], compiler: str) -> None:
+    """One translation unit holding every source in a namespace of its own (the shim included
+    once first), parsed with ``-fsyntax-only``: one compiler start for ~100 sources."""
+    parts = ["#include <metal_stdlib>"]
+    for k, (name, text) in enumerate(sources):
+        parts += [f"namespace source{k} {{", f'#line 1 "{re.sub(r"[^A-Za-z0-9_]", "_", name)}.metal"', text, "}"]
+    tc = harness.toolchain()
+    flags = [f for f in tc.flags if not f.startswith("-Wno-")]
+    flags.append("-Wno-unknown-attributes" if "clang" in compiler else "-Wno-attributes")
+    cmd = [compiler, *flags, "-Wall", "-Wextra", "-Werror", "-fsyntax-only", "-I", str(harness.SHIM_DIR), "-x", "c++", "-"]
+    result = subprocess.run(cmd, input="\n".join(parts), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[:5000]
+
+
+@needs_metal
+def test_every_catalog_source_parses_with_gpp(catalog_routines):
+    parse_all(catalog_sources(catalog_routines), "g++")
+
+
+@needs_clang
+def test_every_catalog_source_parses_with_clang(catalog_routines):
+    parse_all(catalog_sources(catalog_routines), "clang++")
+
+
+@needs_metal
+def test_the_shim_rejects_what_msl_rejects():
+    tc = harness.toolchain()
+    base_kernel = "#include <metal_stdlib>\nusing namespace metal;\nkernel void k(device float* x [[buffer(0)]]) {{ {} }}\n"
+    harness.parse_only(base_kernel.format("x[0] = precise::exp(x[1]);"), tc)
+    for body, message in (("double d = x[0]; x[1] = d;", "poisoned"), ("x[0] = std::exp(x[1]);", "poisoned"),
+                          ("printf(\"hi\");", "poisoned"), ("simdgroup_barrier(mem_flags::mem_none);", "simdgroup_barrier")):
+        with pytest.raises(harness.CompileError, match=message):
+            harness.parse_only(base_kernel.format(body), tc)
+
+
+# ---------------------------------------------------------------------------------------------
+# Metal's limits
+
+
+def wide_sum(n_inputs: int, statements: int = 1) -> RoutineIR:
+    """``statements`` pointwise sums, each of ``n_inputs`` different nodes, over one grid."""
+    stmts = []
+    for s in range(statements):
+        nodes = [TNode(f"in{s}_{k}", (8,)) for k in range(n_inputs)]
+        out = TNode(f"out{s}", (8,))
+
+        def total(i, nodes=nodes):
+            value = Load(nodes[0], (i,))
+            for node in nodes[1:]:
+                value = Binary(Binop.ADD, value, Load(node, (i,)))
+            return value
+
+        stmts.append(pointwise(out, total))
+    return RoutineIR("wide", seq(*stmts))
+
+
+def test_limits_are_checked_before_emission():
+    with pytest.raises(KernelLimitError, match=r"kernel wide_k0 of routine wide takes 41 buffer arguments .*at most 31"):
+        emit_metal(wide_sum(40))
+    reduce, _, _ = reduction("big_group", rows=1, cols=4096)
+    with pytest.raises(KernelLimitError, match="2048 threads per threadgroup, and Metal allows at most 1024"):
+        emit_metal(reduce, Options(threads_per_threadgroup=2048, tree_terms_per_thread=1))
+    kernel = emit_metal(reduce).kernels[0]
+    with pytest.raises(KernelLimitError, match="40000 bytes of threadgroup memory, and Metal allows at most 32768"):
+        check_limits(dataclasses.replace(kernel, threadgroup_bytes=40000), "big_group")
+    check_limits(kernel, "big_group")
+
+
+@needs_metal
+def test_a_kernel_over_too_many_buffers_is_split_between_statements():
+    routine = wide_sum(10, statements=6)  # one grid: one kernel of 66 buffers before the split
+    program = emit_metal(routine)
+    assert len(program.kernels) >= 3 and all(len(k.params) <= MAX_BUFFERS for k in program.kernels)
+    inputs = {n: np.arange(8, dtype=np.float32) * (k + 1) for k, n in enumerate(routine.reads)}
+    expected, got = run_both(routine, inputs)
+    for node in routine.writes:
+        assert_same_bits(expected[node], got[node], node.name)
+
+
+# ---------------------------------------------------------------------------------------------
+# The normal API
+
+
+@needs_metal
+def test_context_and_environment_select_metal_but_auto_never_picks_it(monkeypatch, tmp_path):
+    x = oc.tensor(np.arange(6, dtype=np.float32).reshape(2, 3), batch=1)
+    y = oc.relu(x * 2 - 3)
+    ctx = oc.Context("metal", debug_dir=tmp_path)
+    ctx.compile(y).run()
+    assert ctx.get(y.value).tolist() == [[0.0, 0.0, 1.0], [3.0, 5.0, 7.0]]
+    (source,) = tmp_path.glob("*.metal")
+    assert "kernel void" in source.read_text()
+    monkeypatch.setenv("OCANNL_BACKEND", "metal")
+    assert oc.Context.auto().backend_name == "metal"
+    monkeypatch.delenv("OCANNL_BACKEND")
+    assert oc.Context.auto().backend_name != "metal"
+    for name in ("c", "triton"):  # nothing better available: still interp, never the shim
+        registration = base._registry[name]
+        monkeypatch.setitem(base._registry, name, dataclasses.replace(registration, factory=_Unavailable))
+    assert base.best_available() == "interp" and oc.Context.auto().backend_name == "interp"
+
+
+class _Unavailable:
+    name = "unavailable"
+
+    def available(self):
+        return False, "disabled by the test"
+
+
+@needs_metal
+def test_moons_trains_on_metal_as_on_c():
+    from examples.moons import train_moons
+
+    if not base.get_backend("c").available()[0]:
+        pytest.skip("no C compiler")
+    on_c = train_moons(oc.Context("c"), epochs=1, n_points=100)
+    session.reset()
+    on_metal = train_moons(oc.Context("metal"), epochs=1, n_points=100)
+    assert len(on_metal["step_losses"]) == 10
+    np.testing.assert_allclose(on_metal["step_losses"], on_c["step_losses"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(on_metal["epoch_losses"][-1], on_c["epoch_losses"][-1], rtol=1e-5)
+
+
+def test_no_compiler_is_backend_unavailable(monkeypatch, tmp_path):
+    monkeypatch.setenv("OCANNL_METAL_CXX", "/nonexistent/g++")
+    ok, reason = MetalBackend().available()
+    assert not ok and "OCANNL_METAL_CXX='/nonexistent/g++'" in reason and "C++20 shim" in reason
+    with pytest.raises(BackendUnavailable, match="metal"):
+        oc.Context("metal")
+
+
+# ---------------------------------------------------------------------------------------------
+# Golden .metal files of canonical programs (emitted only: no compiler needed)
+
+
+def golden_matmul():
+    a, b, c = TNode("a", (8, 32)), TNode("b", (32, 16)), TNode("c", (8, 16))
+    i, j, k = Symbol(), Symbol(), Symbol()
+    return accum(c, Binop.ADD, Binop.MUL, (a, b), [(i, 8), (j, 16), (k, 32)], (Iter(i), Iter(j)),
+                 ((Iter(i), Iter(k)), (Iter(k), Iter(j))), init=True, spec="ik;kj=>ij")
+
+
+def golden_broadcast_add():
+    x, b, y = TNode("x", (2, 3)), TNode("b", (1, 3)), TNode("y", (2, 3))
+    i, j = Symbol(), Symbol()
+    return accum(y, None, Binop.ADD, (x, b), [(i, 2), (j, 3)], (Iter(i), Iter(j)),
+                 ((Iter(i), Iter(j)), (Fixed(0), Iter(j))), spec=".")
+
+
+def golden_einsum_reduction():
+    """``s =:+ x ~logic:"bij=>bj"`` and a row max into float16, then a long row sum that runs
+    as a threadgroup tree."""
+    x, s = TNode("x", (2, 5, 3)), TNode("s", (2, 3))
+    m = TNode("m", (2, 5), dtypes.float16)
+    long_x, long_s = TNode("long_x", (3, 1024)), TNode("long_s", (3,))
+    b, i, j = Symbol(), Symbol(), Symbol()
+    b2, i2, j2 = Symbol(), Symbol(), Symbol()
+    r, c = Symbol(), Symbol()
+    return Block((
+        accum(s, Binop.ADD, Unop.ID, (x,), [(b, 2), (i, 5), (j, 3)], (Iter(b), Iter(j)),
+              ((Iter(b), Iter(i), Iter(j)),), init=True, spec="bij=>bj"),
+        accum(m, Binop.MAX, Unop.ID, (x,), [(b2, 2), (i2, 5), (j2, 3)], (Iter(b2), Iter(i2)),
+              ((Iter(b2), Iter(i2), Iter(j2)),), init=True, spec="bij=>bi"),
+        accum(long_s, Binop.ADD, Unop.ID, (long_x,), [(r, 3), (c, 1024)], (Iter(r),), ((Iter(r), Iter(c)),),
+              init=True, spec="rc=>r"),
+    ))
+
+
+def golden_conv():
+    return padded_conv1d(TNode("x", (8,)), TNode("w", (3,)), TNode("y", (4,)), 2, 1)
+
+
+def golden_uniform_init():
+    return prng.uniform_fill(TNode("w", (3, 4)), seed=0, stream=7, low=-1.0, high=1.0)
+
+
+GOLDEN = {
+    "matmul": golden_matmul,
+    "broadcast_add": golden_broadcast_add,
+    "einsum_reduction": golden_einsum_reduction,
+    "conv": golden_conv,
+    "uniform_init": golden_uniform_init,
+}
+
+
+@pytest.mark.parametrize("name", GOLDEN)
+def test_golden_metal(name, update_golden):
+    routine = lower_routine(name, GOLDEN[name]())
+    check_golden(f"metal/{name}.metal", emit_metal(routine).text, update_golden)
+
+
+@needs_metal
+@pytest.mark.parametrize("name", GOLDEN)
+def test_golden_programs_run_like_the_interpreter(name):
+    routine = lower_routine(name, GOLDEN[name]())
+    rng = np.random.default_rng(len(name))
+    inputs = {n: rng.standard_normal(n.dims).astype(n.dtype.storage) for n in routine.reads if n not in routine.writes}
+    expected, got = run_both(routine, inputs)
+    for node in routine.writes:
+        if node.name == "long_s":  # the threadgroup tree sums in another order
+            np.testing.assert_allclose(got[node], expected[node], rtol=1e-5, atol=1e-4)
+        else:
+            assert_same_bits(expected[node], got[node], node.name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Slow: sanitizers and clang over the whole catalog
+
+
+@needs_metal
+@pytest.mark.slow
+def test_catalog_under_address_and_undefined_behaviour_sanitizers(monkeypatch):
+    monkeypatch.setenv("OCANNL_METAL_SANITIZE", "address,undefined")
+    report = testing.conformance("metal", programs=metal_catalog(), random_programs=20)
+    assert report.ok, report.summary()
+
+
+@needs_tsan
+@pytest.mark.slow
+def test_reduction_kernels_under_thread_sanitizer(monkeypatch):
+    monkeypatch.setenv("OCANNL_METAL_SANITIZE", "thread")
+    for name, build, exact in tree_cases():
+        routine = build()
+        expected, got = run_both(routine, tree_inputs(routine))
+        for node in routine.writes:
+            np.testing.assert_allclose(got[node], expected[node], rtol=1e-5, atol=1e-4, err_msg=name)
+    monkeypatch.setenv("OCANNL_METAL_TREE_MIN", "2")  # every reduction of the catalog as a tree
+    programs = [dataclasses.replace(p, exact=False) for p in metal_catalog()]
+    report = testing.conformance("metal", programs=programs, random_programs=20)
+    assert report.ok, report.summary()
+
+
+@needs_metal
+@pytest.mark.slow
+def test_address_sanitizer_reports_an_off_by_one_read():
+    routine, x, s = reduction("off_by_one")
+    program = emit_metal(routine)
+    mutated = program.text.replace("x[1000*i0 + i1]", "x[1000*i0 + i1 + 1]")
+    assert mutated != program.text
+    runner = harness.load(program, harness.toolchain("address,undefined"), mutated)
+    with pytest.raises(harness.SanitizerError, match=r"(?s)heap-buffer-overflow.*off_by_one\.metal"):
+        run_runner(program, runner, tree_inputs(routine))
+
+
+@needs_clang
+@pytest.mark.slow
+def test_catalog_compiled_by_clang(monkeypatch):
+    monkeypatch.setenv("OCANNL_METAL_CXX", "clang++")
+    assert harness.toolchain().is_clang
+    report = testing.conformance("metal", programs=metal_catalog(), random_programs=10)
+    assert report.ok, report.summary()
+    monkeypatch.setenv("OCANNL_METAL_TREE_MIN", "2")
+    for name, build, exact in tree_cases():
+        routine = build()
+        expected, got = run_both(routine, tree_inputs(routine))
+        for node in routine.writes:
+            np.testing.assert_allclose(got[node], expected[node], rtol=1e-5, atol=1e-4, err_msg=name)
