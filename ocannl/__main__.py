@@ -17,27 +17,25 @@ from ocannl.backends import base
 def doctor() -> int:
     """Prints the report; the exit status is 0 when some backend works (interp always does)."""
     print("ocannl backends (most preferred first):")
-    chosen = None
     for name in base.registered_backends():
         try:
             ok, reason = base._registry[name].factory().available()
         except Exception as e:  # a backend whose probe itself fails is reported, not fatal
             ok, reason = False, f"its availability check failed: {type(e).__name__}: {e}"
-        if ok and chosen is None:
-            chosen = name
         print(f"  {name:<8} {'available' if ok else 'unavailable'}: {reason}")
     configured = config.get("backend")
     if configured:
         print(f"OCANNL_BACKEND={configured}: Context.auto() uses {configured}")
     else:
-        print(f"Context.auto() picks: {chosen} (set OCANNL_BACKEND to choose another)")
+        # best_available() skips emulated backends (Triton's CPU interpreter, the Metal shim).
+        print(f"Context.auto() picks: {base.best_available()} (set OCANNL_BACKEND to choose another)")
     if "c" in base.registered_backends():
         from ocannl.backends.c.compiler import cache_dir, fast_mode
 
         print(f"C kernel cache: {cache_dir() / 'c'} (OCANNL_CACHE_DIR moves it)")
         mode = "fast (-march=native, contraction)" if fast_mode() else "deterministic, bit-identical to interp"
         print(f"C flags: {mode} (OCANNL_C_FAST=1 for the fast setting)")
-    return 0 if chosen is not None else 1
+    return 0  # best_available() above raised if nothing could run
 
 
 def main(argv: list[str] | None = None) -> int:

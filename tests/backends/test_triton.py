@@ -3,7 +3,9 @@
 Everything here runs with ``TRITON_INTERPRET=1`` on CPU torch tensors (spec/peers.md §3.1:
 programs run one after another, so shapes stay small), and every generated kernel the tests
 interpret is also compiled for an H100 (sm_90) by Triton's compiler, which needs no GPU
-(``gpu_check.py``): the interpreter accepts code the compiler would reject. The default run
+(``gpu_check.py``): the interpreter accepts code the compiler would reject. Nor does the
+interpreter catch out-of-bounds accesses, so the conformance runs carve buffers out of guard
+zones of NaNs and check them after every run (``guard_zones``). The default run
 takes a representative subset; ``pytest -m slow`` runs the whole conformance catalog and the
 larger programs. On a machine with a GPU, ``python -m ocannl.testing --backend triton`` runs the
 kit there.

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
 import numpy as np
@@ -1197,9 +1197,6 @@ class KernelWriter:
         if v.literal or _NAME_PATTERN.match(v.code):
             return v.code
         return self.temp(v.code)
-
-    def atom(self, v: Val) -> Val:
-        return v if v.literal or v.lanes is not None or _NAME_PATTERN.match(v.code) else replace(v, code=self.temp(v.code))
 
     def tensor(self, v: Val) -> str:
         """``v`` as a tensor (a literal becomes a 0-d tensor of its type)."""

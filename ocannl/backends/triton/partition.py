@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, replace
 from typing import Iterable, Iterator
 
 from ocannl.lowlevel import dtypes
-from ocannl.lowlevel.indexing import Affine, AnySymbol, AxisIndex, IndexSymbol, Iter, Symbol
+from ocannl.lowlevel.indexing import Affine, AnySymbol, AxisIndex, Iter, Symbol
 from ocannl.lowlevel.ir import (
     Binary,
     Cast,
@@ -66,7 +66,6 @@ from ocannl.lowlevel.ir import (
     Unary,
     iter_exprs,
     iter_stmts,
-    seq,
     stmt_exprs,
 )
 from ocannl.lowlevel.scalar_ops import Binop, Ternop
