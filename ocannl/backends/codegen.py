@@ -36,6 +36,7 @@ What the walk decides for every language:
 from __future__ import annotations
 
 from contextlib import contextmanager
+import abc
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Mapping
 
@@ -96,7 +97,7 @@ REDUCTION_BLOCK = 128
 outermost reduction loop)."""
 
 
-class Syntax:
+class Syntax(abc.ABC):
     """The table of a C-family language: everything the walk prints that is not structure.
 
     Methods receive already-printed operand text. ``dtype`` arguments are compute types
@@ -108,45 +109,53 @@ class Syntax:
     """The type of loop indices and offsets, in the language and as a precision."""
     restrict = "restrict"
 
+    @abc.abstractmethod
     def storage_type(self, dtype: DType) -> str:
-        raise NotImplementedError
+        """The language's type of a buffer element of ``dtype``."""
 
+    @abc.abstractmethod
     def compute_type(self, dtype: DType) -> str:
-        raise NotImplementedError
+        """The language's type of a value computed in ``dtype``."""
 
+    @abc.abstractmethod
     def literal(self, value: float | int | tuple[int, ...], dtype: DType) -> str:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def unary(self, op: Unop, dtype: DType, x: str) -> str:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def binary(self, op: Binop, dtype: DType, a: str, b: str) -> str:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def int_division(self, op: Binop, dtype: DType, a: str, b: str, site: int) -> str:
         """Integer ``div``/``mod``, which must report a zero divisor as error ``site``."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def ternary(self, op: Ternop, dtype: DType, a: str, b: str, c: str) -> str:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def where(self, cond: str, a: str, b: str) -> str:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def cast(self, x: str, source: DType, target: DType) -> str:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def from_storage(self, dtype: DType, cell: str) -> str:
         """A stored cell of a ``dtype`` node as a value of ``dtype.compute``."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def to_storage(self, dtype: DType, value: str) -> str:
         """A ``dtype.compute`` value rounded to what a ``dtype`` node stores."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def checked_index(self, index: str, extent: int, site: int) -> str:
         """``index`` if it is in ``[0, extent)``; otherwise records error ``site`` and gives 0."""
-        raise NotImplementedError
 
     def parallel_for(self, collapse: int) -> str | None:
         """The line put before a parallel loop (``None``: the language has no such loops)."""

@@ -10,6 +10,7 @@ Each logic does two things, at two times:
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass, field
 
 from ocannl.errors import ShapeError
@@ -21,14 +22,16 @@ from ocannl.shape.solver import (AtLeast, BroadcastRank, ConcatDim, Constraint, 
                                  RowIneq, Solver, Where, shape_error)
 
 
-class ShapeLogic:
+class ShapeLogic(abc.ABC):
     """Base of the shape logics. ``operands`` are the operand shapes in order."""
 
+    @abc.abstractmethod
     def constraints(self, result: Shape, operands: list[Shape], origin: Origin) -> list[Constraint]:
-        raise NotImplementedError
+        """The relation of the result's rows to the operands' rows, as solver constraints."""
 
+    @abc.abstractmethod
     def layout(self, result: Shape, operands: list[Shape], solver: Solver) -> list[list[Term]]:
-        raise NotImplementedError
+        """Once shapes are concrete: the axis terms of the result and of each operand."""
 
 
 def _sides(j: int, n: int) -> tuple[str, str]:

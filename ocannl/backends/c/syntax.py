@@ -142,7 +142,7 @@ class CSyntax(Syntax):
             return f"({one} / {_fn('sqrt', dtype)}({x}))"
         if op is Unop.SIGMOID:
             return f"({one} / ({one} + {_fn('exp', dtype)}(-{x})))"
-        raise NotImplementedError(f"the C backend has no {op.value}")
+        raise AssertionError(f"{op.value} is missing from the C operator table")
 
     def binary(self, op: Binop, dtype: DType, a: str, b: str) -> str:
         if op is Binop.THREEFRY4X32:
@@ -162,7 +162,7 @@ class CSyntax(Syntax):
             return f"{_fn('pow', dtype)}({a}, {b})"
         if op is Binop.MOD:
             return f"{_fn('fmod', dtype)}({a}, {b})"
-        raise NotImplementedError(f"the C backend has no {op.value}")
+        raise AssertionError(f"{op.value} is missing from the C operator table")
 
     def int_division(self, op: Binop, dtype: DType, a: str, b: str, site: int) -> str:
         return f"ocannl_{op.value}_{_TAG[dtype]}({a}, {b}, _status, {site})"
@@ -174,7 +174,7 @@ class CSyntax(Syntax):
             return f"({a} * {b} + {c})"
         if op is Ternop.MUL3:
             return f"({a} * {b} * {c})"
-        raise NotImplementedError(f"the C backend has no {op.value}")
+        raise AssertionError(f"{op.value} is missing from the C operator table")
 
     def where(self, cond: str, a: str, b: str) -> str:
         return f"({cond} ? {a} : {b})"

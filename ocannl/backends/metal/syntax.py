@@ -151,7 +151,7 @@ class MetalSyntax(Syntax):
             return f"({one} / precise::sqrt({x}))"
         if op is Unop.SIGMOID:
             return f"({one} / ({one} + precise::exp(-{x})))"
-        raise NotImplementedError(f"the metal backend has no {op.value}")
+        raise AssertionError(f"{op.value} is missing from the metal operator table")
 
     def binary(self, op: Binop, dtype: DType, a: str, b: str) -> str:
         if op is Binop.THREEFRY4X32:
@@ -172,7 +172,7 @@ class MetalSyntax(Syntax):
             return f"precise::pow({a}, {b})"
         if op is Binop.MOD:
             return f"precise::fmod({a}, {b})"
-        raise NotImplementedError(f"the metal backend has no {op.value}")
+        raise AssertionError(f"{op.value} is missing from the metal operator table")
 
     def int_division(self, op: Binop, dtype: DType, a: str, b: str, site: int) -> str:
         return f"{self._helper(f'ocannl_{op.value}', dtype)}({a}, {b}, _status, {site})"
@@ -182,7 +182,7 @@ class MetalSyntax(Syntax):
             return f"fma({a}, {b}, {c})" if dtype.is_float else f"({a} * {b} + {c})"
         if op is Ternop.MUL3:
             return f"({a} * {b} * {c})"
-        raise NotImplementedError(f"the metal backend has no {op.value}")
+        raise AssertionError(f"{op.value} is missing from the metal operator table")
 
     def where(self, cond: str, a: str, b: str) -> str:
         return f"({cond} ? {a} : {b})"
