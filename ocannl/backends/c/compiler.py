@@ -91,20 +91,13 @@ def find_compiler() -> tuple[str, ...]:
 
 
 def fast_mode() -> bool:
-    return _flag_setting("c_fast", False)
-
-
-def _flag_setting(name: str, default: bool) -> bool:
-    value = config.get(name)
-    if value is None:
-        return default
-    return value.strip().lower() not in ("0", "false", "no", "off", "")
+    return config.flag("c_fast", default=False)
 
 
 def toolchain() -> Toolchain:
     """The compiler and flags for the current settings, probed once per process per setting
     (``CC``, ``PATH``, fast mode, OpenMP); :class:`BackendUnavailable` when none works."""
-    fast, openmp = fast_mode(), _flag_setting("c_openmp", True)
+    fast, openmp = fast_mode(), config.flag("c_openmp", default=True)
     key = (os.environ.get("CC"), os.environ.get("PATH"), fast, openmp, str(cache_dir()))
     with _lock:
         found = _toolchains.get(key)
@@ -175,6 +168,27 @@ def cache_key(source: str, tc: Toolchain) -> str:
     return h.hexdigest()
 
 
+def build_atomically(cmd: list[str], source: str | None, target: Path, compiler: str) -> None:
+    """Runs ``cmd`` (``source`` on its standard input), which writes its output where ``{tmp}``
+    stands: a temporary file beside ``target``, renamed to ``target`` only once complete, so a
+    concurrent process never loads a half-written file (the cache of every compiled backend)."""
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem[:16]}-", suffix=".tmp")
+    os.close(fd)
+    try:
+        cmd = [tmp if part == "{tmp}" else part for part in cmd]
+        result = subprocess.run(cmd, input=source, capture_output=True, text=True, timeout=600)
+        if result.returncode != 0:
+            raise CompileError(
+                f"`{shlex.join(cmd)}` failed with exit code {result.returncode}:\n{result.stderr.strip()[:6000]}"
+            )
+        os.replace(tmp, target)
+    except OSError as e:
+        raise CompileError(f"running {compiler} failed: {e}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 def compile_shared(source: str, tc: Toolchain, *, kind: str = "") -> Path:
     """The shared library built from ``source``: from the cache, or compiled into it (into the
     subdirectory ``kind`` of ``<cache>/c``, e.g. ``probes`` for the compiler checks)."""
@@ -188,19 +202,6 @@ def compile_shared(source: str, tc: Toolchain, *, kind: str = "") -> Path:
         raise BackendUnavailable(
             f"cannot create the kernel cache {directory} ({e}): set OCANNL_CACHE_DIR to a writable directory"
         ) from None
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{target.stem[:16]}-", suffix=".so.tmp")
-    os.close(fd)
-    try:
-        cmd = [*tc.command, "-x", "c", "-", *tc.flags, *LINK_FLAGS, "-o", tmp, "-lm"]
-        result = subprocess.run(cmd, input=source, capture_output=True, text=True, timeout=600)
-        if result.returncode != 0:
-            raise CompileError(
-                f"`{' '.join(cmd)}` failed with exit code {result.returncode}:\n{result.stderr.strip()[:4000]}"
-            )
-        os.replace(tmp, target)
-    except OSError as e:
-        raise CompileError(f"running the C compiler {' '.join(tc.command)} failed: {e}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    build_atomically([*tc.command, "-x", "c", "-", *tc.flags, *LINK_FLAGS, "-o", "{tmp}", "-lm"], source, target,
+                     f"the C compiler {' '.join(tc.command)}")
     return target

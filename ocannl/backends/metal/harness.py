@@ -41,7 +41,7 @@ from typing import Sequence
 import numpy as np
 
 from ocannl import config
-from ocannl.backends.c.compiler import CompileError, cache_dir, cache_key
+from ocannl.backends.c.compiler import CompileError, build_atomically, cache_dir, cache_key
 from ocannl.backends.metal.emit import Kernel, MetalProgram
 from ocannl.errors import BackendUnavailable, OcannlError
 from ocannl.lowlevel.tnode import sanitize_identifier
@@ -159,21 +159,9 @@ def _probe(command: tuple[str, ...], sanitize: str | None) -> Toolchain:
 
 
 def _run_compiler(cmd: list[str], source: str | None, target: Path) -> None:
-    """Runs ``cmd`` (whose output is ``{tmp}``) and renames the output to ``target``."""
+    """Runs ``cmd`` (whose output is ``{tmp}``) into the cache file ``target``."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem[:16]}-", suffix=".tmp")
-    os.close(fd)
-    try:
-        cmd = [tmp if part == "{tmp}" else part for part in cmd]
-        result = subprocess.run(cmd, input=source, capture_output=True, text=True, timeout=600)
-        if result.returncode != 0:
-            raise CompileError(f"`{shlex.join(cmd)}` failed with exit code {result.returncode}:\n{result.stderr.strip()[:6000]}")
-        os.replace(tmp, target)
-    except OSError as e:
-        raise CompileError(f"running the C++ compiler {' '.join(cmd[:1])} failed: {e}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    build_atomically(cmd, source, target, f"the C++ compiler {cmd[0]}")
 
 
 def support_object(tc: Toolchain, file: str) -> Path:
