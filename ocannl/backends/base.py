@@ -20,6 +20,8 @@ its own). With ``debug_dir`` set
 
 from __future__ import annotations
 
+import keyword
+
 import operator
 import weakref
 from dataclasses import dataclass
@@ -326,15 +328,17 @@ class Routine:
     def name(self) -> str:
         return self.ir.name
 
-    def run(self, **bindings: int) -> None:
-        """Bind index symbols by name (a value stays bound until changed), then run."""
+    def run(self, /, **bindings: int) -> None:
+        """Bind index symbols by name (a value stays bound until changed), then run. ``self`` is
+        positional-only so that any name binds, ``self`` included (``run(**{"def": 3})`` for a
+        name that is a Python keyword)."""
         for key, value in bindings.items():
             self._bind(key, value)
         missing = [s.name for s in self.ir.static_symbols if s not in self._bindings]
         if missing:
             raise IndexBindingError(
                 f"routine {self.name} reads index symbol(s) {', '.join(missing)} that have no value: "
-                f"pass them to run(), e.g. run({missing[0]}=0)"
+                f"pass them to run(), e.g. {_run_call_example(missing[0])}"
             )
         inlined = self.context._inlined
         for node in self._inputs:
@@ -417,3 +421,10 @@ def set_default_context(ctx: Context | None) -> None:
 def _forget_default_context() -> None:
     set_default_context(None)
     _last_writer.clear()
+
+
+def _run_call_example(name: str) -> str:
+    """How a user binds ``name``: as a keyword argument when Python allows, else through ``**``."""
+    if name.isidentifier() and not keyword.iskeyword(name):
+        return f"run({name}=0)"
+    return f"run(**{{{name!r}: 0}})"

@@ -10,9 +10,12 @@ What the walk decides for every language:
 
 * **Names.** Loop indices and locals are numbered as in the ``.ll`` printer (``i0``, ``v0``...),
   so a generated source reads side by side with ``<routine>.ll``. Nodes keep their sanitized
-  :attr:`~ocannl.lowlevel.tnode.TNode.name`; static index symbols become ``_s_<name>``. Every
-  other identifier the walk invents starts with ``_`` (node names never do), so nothing a user
-  labels can clash with generated code.
+  :attr:`~ocannl.lowlevel.tnode.TNode.name`; static index symbols become ``_s_<identifier>``
+  (:attr:`~ocannl.lowlevel.indexing.IndexSymbol.identifier`, unique in the routine). Every other
+  identifier the walk invents starts with ``_`` (node names never do), and node names are reserved
+  in no target (ocannl/lowlevel/identifiers.py), so nothing a user labels can clash with
+  generated code. Comments carry user text only through
+  :func:`~ocannl.lowlevel.identifiers.comment_text`.
 * **Offsets** are row-major linear forms over the loop indices (``x[12*i0 + 4*i1 + i2]``). An
   axis index that the loop extents cannot prove inside its dimension is checked:
   ``Load.oob_value`` reads become ``(in bounds ? x[...] : v)``; other accesses (dynamic positions
@@ -42,6 +45,7 @@ from typing import Callable, Iterable, Iterator, Mapping
 
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.dtypes import DType
+from ocannl.lowlevel.identifiers import Namespace, comment_text
 from ocannl.lowlevel.indexing import Affine, AnySymbol, AxisIndex, Fixed, IndexSymbol, Iter, Symbol, index_bounds
 from ocannl.lowlevel.ir import (
     Binary,
@@ -160,11 +164,6 @@ class Syntax(abc.ABC):
     def parallel_for(self, collapse: int) -> str | None:
         """The line put before a parallel loop (``None``: the language has no such loops)."""
         return None
-
-    def reserved_name(self, name: str) -> bool:
-        """Whether a node may not be called ``name`` in this language (beyond the keywords that
-        ``tnode.py`` already avoids), e.g. because a header defines it as a macro."""
-        return False
 
 
 @dataclass(frozen=True)
@@ -444,19 +443,19 @@ class Emitter:
         self.tile_function = tile_function
         self.namer = Namer()
         format_routine(routine, self.namer)  # number loops and locals exactly as the .ll file
-        taken = set(reserved) | {function_name}
-        self.nodes: dict[TNode, str] = {}
-        for node in sorted(set(routine.reads + routine.writes), key=lambda n: (n.name, n.id)):
-            name = node.name
-            if name in taken or name.lower().startswith(("ocannl", f"{function_name}_tile")) or syntax.reserved_name(name):
-                name = f"{name}_{node.id}"
-            while name in taken:
-                name += "_"
-            taken.add(name)
-            self.nodes[node] = name
+        # Node names are already reserved nowhere; this scope adds the function, its tile
+        # helpers and the caller's names, and separates nodes that share a name (nodes made in
+        # two sessions).
+        scope = Namespace({*reserved, function_name}, prefixes=[f"{function_name}_tile"])
+        self.nodes: dict[TNode, str] = {
+            node: scope.claim(node.name, node.id)
+            for node in sorted(set(routine.reads + routine.writes), key=lambda n: (n.name, n.id))
+        }
         self.written = set(routine.writes)
+        symbol_scope = Namespace()
         self.symbols: dict[IndexSymbol, str] = {
-            s: f"_s_{s.name}" for s in sorted(routine.static_symbols, key=lambda s: s.name)
+            s: f"_s_{symbol_scope.claim(s.identifier)}"
+            for s in sorted(routine.static_symbols, key=lambda s: s.name)
         }
         self.sites: list[Site] = []
         self.functions: list[list[str]] = []
@@ -1008,10 +1007,3 @@ def _zero(dtype: DType) -> float | int | tuple[int, int, int, int]:
     if dtype is dtypes.uint4x32:
         return (0, 0, 0, 0)
     return 0.0 if dtype.is_float else 0
-
-
-def comment_text(text: str) -> str:
-    """``text`` safe inside a ``/* */`` comment on one line: printable ASCII only, no comment
-    delimiters (labels of nodes reach comments through the IR's comments)."""
-    printable = "".join(ch if " " <= ch <= "~" else " " for ch in text)
-    return " ".join(printable.replace("*/", "* /").replace("/*", "/ *").split())

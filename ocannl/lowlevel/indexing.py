@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Union
 
 from ocannl import session
+from ocannl.errors import IndexBindingError
+from ocannl.lowlevel.identifiers import sanitize_identifier
 
 _symbol_ids = itertools.count(1)
 
@@ -44,17 +46,32 @@ class IndexSymbol:
     arithmetic, an index symbol acts as a scalar tensor holding its bound value (the tensor
     frontend provides that conversion). ``size`` is the exclusive upper bound of its values, or
     ``None`` when unknown.
+
+    ``name`` is the key ``routine.run`` binds the symbol by and may be any non-empty string
+    (``run(**{"def": 3})`` binds a symbol named ``def``). Generated code never spells it: emitters
+    name the symbol after :attr:`identifier`, made unique in their scope (identifiers.py).
     """
 
     __slots__ = ("name", "size")
 
     def __init__(self, name: str, size: int | None = None):
-        if not name.isidentifier():
-            raise ValueError(f"IndexSymbol name must be an identifier, got {name!r}")
+        if not isinstance(name, str) or not name:
+            raise IndexBindingError(
+                "IndexSymbol: the name is the key routine.run(...) binds the symbol by, a non-empty "
+                f"string; got {name!r}"
+            )
         if size is not None and (not isinstance(size, int) or size <= 0):
-            raise ValueError(f"IndexSymbol {name!r}: size must be a positive int, got {size!r}")
+            raise IndexBindingError(f"IndexSymbol {name!r}: size must be a positive int, got {size!r}")
         self.name = name
         self.size = size
+
+    @property
+    def identifier(self) -> str:
+        """The base of the symbol's names in generated code: its name sanitized (``sym`` when
+        nothing is left). It may be reserved, or shared by symbols whose names differ only in
+        what sanitizing drops, so an emitter claims it in its scope's
+        :class:`~ocannl.lowlevel.identifiers.Namespace`."""
+        return sanitize_identifier(self.name) or "sym"
 
     def __repr__(self) -> str:
         return f"IndexSymbol({self.name!r}, {self.size})"

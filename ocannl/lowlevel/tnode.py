@@ -5,26 +5,26 @@ nodes: their id, label, dims, precision and memory mode. Dims may be given late 
 runs after the tensor is created): pass a callable, or assign ``tnode.dims`` later.
 
 Every node has a :attr:`TNode.name` that generated code and printed IRs use. User labels never
-reach generated source as they are: a name keeps only ``[A-Za-z0-9_]`` (other runs collapse to
-one ``_``), never starts with a digit or an underscore, is never a keyword or a name that
-generated C, Python, Triton or MSL code relies on, and is unique in the session (a collision gets
-the node id as a suffix). A gradient node's name is its value's name plus ``_grad``; the printed
-IRs show it as ``<value name>.grad`` (:attr:`TNode.debug_name`, spec/backend.md §2bis.3).
+reach generated source as they are: a name is the label sanitized to ``[A-Za-z0-9_]`` (accents
+folded, other runs one ``_``; never a leading digit or underscore), is reserved in no target (no
+keyword, builtin, header macro, or name the emitters generate: ocannl/lowlevel/identifiers.py),
+and is unique in the session (a collision gets the node id as a suffix). A gradient node's name
+is its value's name plus ``_grad``; the printed IRs show it as ``<value name>.grad``
+(:attr:`TNode.debug_name`, spec/backend.md §2bis.3).
 """
 
 from __future__ import annotations
 
 import enum
 import itertools
-import keyword
 import operator
-import re
 from typing import Callable
 
 from ocannl import session
 from ocannl.errors import ShapeError
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.dtypes import DType
+from ocannl.lowlevel.identifiers import Namespace, sanitize_identifier
 
 
 class MemoryMode(enum.Enum):
@@ -44,66 +44,22 @@ class MemoryMode(enum.Enum):
     """Persists across runs and is readable from the host (parameters, outputs, data)."""
 
 
-_RESERVED = frozenset(
-    keyword.kwlist
-    + keyword.softkwlist
-    + """
-    auto break case char const continue default do double else enum extern float for goto if
-    inline int long register restrict return short signed sizeof static struct switch typedef
-    union unsigned void volatile while _Bool _Complex _Float16 _Generic _Noreturn _Static_assert
-    alignas alignof asm bool catch class constexpr decltype delete explicit export false friend
-    mutable namespace new noexcept nullptr operator private protected public template this
-    thread_local throw true try typeid typename using virtual wchar_t char16_t char32_t
-    static_assert const_cast dynamic_cast reinterpret_cast static_cast
-    kernel device constant thread threadgroup threadgroup_imageblock vertex fragment half uint
-    ushort uchar ulong bfloat gid lid tid metal simd
-    int8_t int16_t int32_t int64_t uint8_t uint16_t uint32_t uint64_t size_t ptrdiff_t
-    uint4x32_t uint4 float4 NULL INFINITY NAN main printf fprintf abort exit
-    fabs fabsf fmax fmaxf fmin fminf fmod fmodf floor floorf ceil ceilf trunc truncf round
-    exp expf exp2 exp2f log logf log2 log2f sin sinf cos cosf tan tanh tanhf sqrt sqrtf pow
-    powf fma fmaf abs select clamp rsqrt
-    tl triton torch np numpy math range min max len float int print
-    threadIdx blockIdx blockDim gridDim warpSize
-    """.split()
-)
-"""Names a node may not take: keywords of C, C++ (MSL is C++), Python, MSL built-in types and
-attributes, libm and builtin names emitters call, and the modules generated Python imports."""
-
-_GENERATED = re.compile(r"[iv][0-9]+")
-"""``i0``, ``v3``: the loop indices and locals printers and emitters generate."""
-
-_MAX_BASE_LENGTH = 48
-
 _ids = itertools.count(1)
-_taken: set[str] = set()
+_names = Namespace()
+"""The session's node names: unique across the session, reserved in no target."""
 
 
 @session.on_reset
 def _reset_names() -> None:
-    global _ids
+    global _ids, _names
     _ids = itertools.count(1)
-    _taken.clear()
-
-
-def sanitize_identifier(text: str) -> str:
-    """``text`` reduced to ``[A-Za-z0-9_]`` (runs of other characters become one ``_``), without
-    leading or trailing underscores; a leading digit gets the prefix ``n_``. May be empty."""
-    base = re.sub(r"[^A-Za-z0-9_]+", "_", text).strip("_")[:_MAX_BASE_LENGTH].rstrip("_")
-    return f"n_{base}" if base[:1].isdigit() else base
+    _names = Namespace()
 
 
 def _claim_name(base: str, node_id: int) -> str:
-    """A session-unique identifier built from ``base`` (``n<id>`` when ``base`` is empty)."""
-    if not base:
-        base = f"n{node_id}"
-    candidate = base
-    if candidate in _taken or candidate in _RESERVED or _GENERATED.fullmatch(candidate):
-        candidate = f"{base}_{node_id}"
-    extra = itertools.count(1)
-    while candidate in _taken:
-        candidate = f"{base}_{node_id}_{next(extra)}"
-    _taken.add(candidate)
-    return candidate
+    """A session-unique node name built from ``base`` (``n<id>`` when ``base`` is empty); a
+    taken or reserved base gets the node id as a suffix (identifiers.py)."""
+    return _names.claim(base or f"n{node_id}", node_id)
 
 
 DimsSource = tuple[int, ...] | Callable[[], tuple[int, ...]] | None

@@ -24,7 +24,8 @@ from ocannl.backends.c.syntax import CSyntax, builtins_for
 from ocannl.backends.codegen import Emitter, Site, comment_text
 from ocannl.lowlevel.indexing import IndexSymbol
 from ocannl.lowlevel.ir import RoutineIR
-from ocannl.lowlevel.tnode import _RESERVED, TNode, sanitize_identifier
+from ocannl.lowlevel.identifiers import Namespace, sanitize_identifier
+from ocannl.lowlevel.tnode import TNode
 
 INCLUDES = ("math.h", "stdint.h", "string.h")
 
@@ -50,11 +51,8 @@ class CSource:
 
 def function_name(routine_name: str) -> str:
     """The C name of a routine's function: its sanitized name, with ``_routine`` appended when
-    that would be a C keyword, a library function, or empty."""
-    name = sanitize_identifier(routine_name) or "routine"
-    if name in _RESERVED or name in _LINKER_NAMES or name.lower().startswith(("ocannl", "gomp", "omp_")):
-        name += "_routine"
-    return name
+    that is reserved (ocannl/lowlevel/identifiers.py) or a function the linker may bring in."""
+    return Namespace(_LINKER_NAMES).claim(sanitize_identifier(routine_name) or "routine", "routine")
 
 
 def emit_c(routine: RoutineIR, *, parallel: bool = True) -> CSource:

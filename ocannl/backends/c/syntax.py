@@ -210,11 +210,6 @@ class CSyntax(Syntax):
     def parallel_for(self, collapse: int) -> str | None:
         return "#pragma omp parallel for" + (f" collapse({collapse})" if collapse > 1 else "")
 
-    def reserved_name(self, name: str) -> bool:
-        """The headers' object-like macros (``INT32_MIN``, ``M_PI``, ``HUGE_VAL``, ``errno``...) would
-        replace a parameter of that name."""
-        return (name.isupper() and "_" in name) or name in ("errno", "math_errhandling")
-
 
 def _float_literal(v: float, dtype: DType) -> str:
     if math.isnan(v):

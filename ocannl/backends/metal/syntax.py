@@ -66,16 +66,6 @@ _HELPER_OPS = {
     Binop.SAT01_GATE: "ocannl_sat01_gate",
 }
 
-RESERVED = frozenset(
-    """precise fast metal mem_flags threadgroup_barrier atomic_int atomic_uint atomic_float
-    atomic_store_explicit atomic_load_explicit atomic_fetch_add_explicit memory_order
-    memory_order_relaxed as_type uint2 uint3 int2 int3 int4 float2 float3 half2 half3 half4 vec
-    std exp2 log2 rint divide powr saturate isnan isinf isfinite copysign HUGE_VALF MAXFLOAT
-    FLT_MAX""".split()
-)
-"""Names a node may not take in MSL beyond ``tnode.py``'s list: the shim's and metal_stdlib's
-names that generated kernels call or declare."""
-
 
 def msl_type(dtype: DType) -> str:
     """The MSL name of a precision; float64 is a :class:`DTypeError` (MSL has no double)."""
@@ -204,9 +194,6 @@ class MetalSyntax(Syntax):
 
     def checked_index(self, index: str, extent: int, site: int) -> str:
         return f"{self._helper('ocannl_index')}({index}, {extent}, _status, {site})"
-
-    def reserved_name(self, name: str) -> bool:
-        return (name.isupper() and "_" in name) or name in RESERVED
 
     # -- builtins --------------------------------------------------------------------------------
 
