@@ -6,8 +6,9 @@ each run is one call of the compiled kernel on the context's buffers). numpy's `
 timed the same way. Prints GFLOP/s (2 n^3 flops per product) and the ratio ocannl / numpy, and
 checks that the C result equals the interpreter's bit for bit on a smaller size.
 
-The C kernel computes each cell's sum in the interpreter's order (no reassociation, no FMA in
-the default, deterministic setting), in register tiles, on all cores through OpenMP;
+The C kernel computes each cell's sum in the interpreter's order (blocks of 64 ``k`` steps, each
+summed from zero and added to the cell: docs/semantics.md, "Summation order"; no reassociation,
+no FMA in the default, deterministic setting), in register tiles, on all cores through OpenMP;
 ``OCANNL_C_FAST=1`` adds ``-march=native -ffp-contract=fast``.
 
 ``--threads N`` limits both sides to N threads (OpenMP and numpy's BLAS), for a per-core

@@ -12,6 +12,7 @@ import sys
 
 from ocannl import config
 from ocannl.backends import base
+from ocannl.lowlevel.scalar_ops import LIBM_MAX_ULPS, LIBM_OPS
 
 
 def doctor() -> int:
@@ -30,10 +31,16 @@ def doctor() -> int:
         # best_available() skips emulated backends (Triton's CPU interpreter, the Metal shim).
         print(f"Context.auto() picks: {base.best_available()} (set OCANNL_BACKEND to choose another)")
     if "c" in base.registered_backends():
-        from ocannl.backends.c.compiler import cache_dir, fast_mode
+        from ocannl.backends import cache
+        from ocannl.backends.c.compiler import fast_mode
 
-        print(f"C kernel cache: {cache_dir() / 'c'} (OCANNL_CACHE_DIR moves it)")
-        mode = "fast (-march=native, contraction)" if fast_mode() else "deterministic, bit-identical to interp"
+        print(f"C kernel cache: {cache.root() / 'c'} (OCANNL_CACHE_DIR moves it)")
+        if fast_mode():
+            mode = "fast (-march=native, contraction): float results may differ from interp in the last bits"
+        else:
+            libm = ", ".join(sorted(op.value for op in LIBM_OPS))
+            mode = (f"deterministic: bit-identical to interp except {libm} "
+                    f"(numpy's and the C library's approximations: within {LIBM_MAX_ULPS} ulps)")
         print(f"C flags: {mode} (OCANNL_C_FAST=1 for the fast setting)")
     return 0  # best_available() above raised if nothing could run
 

@@ -2,8 +2,8 @@
 
 The ``ocannl_config`` file in the working directory holds ``key=value`` lines; ``#`` starts a
 comment, keys are case-insensitive and may carry the ``ocannl_`` prefix, and an empty value means
-"not set" (as an empty environment variable does). See spec/backend.md §8.7 for the original's
-richer scheme; settings are read when used, so a test may change the environment between uses.
+"not set" (as an empty environment variable does). Settings are read when used, so a test may
+change the environment between uses.
 """
 
 from __future__ import annotations
@@ -14,6 +14,12 @@ from pathlib import Path
 from ocannl.errors import OcannlError
 
 CONFIG_FILE = "ocannl_config"
+
+ENVIRONMENT_ONLY = frozenset({"metal_cxx"})
+"""Settings that name a program ocannl runs. A file in the working directory cannot set them: a
+directory someone else prepared (a cloned repository, a shared folder) must not choose what runs
+on your account. They come from the environment or an argument only (the C compiler comes from
+``CC``, likewise)."""
 
 
 def get(name: str, argument: str | None = None, default: str | None = None) -> str | None:
@@ -27,13 +33,33 @@ def get(name: str, argument: str | None = None, default: str | None = None) -> s
     return read_config_file().get(name.lower()) or default
 
 
+def origin(name: str) -> str:
+    """Where setting ``name`` comes from, for messages: ``OCANNL_<NAME>``, ``<name> in <file>``,
+    or ``its default``."""
+    if os.environ.get(f"OCANNL_{name.upper()}"):
+        return f"OCANNL_{name.upper()}"
+    if read_config_file().get(name.lower()):
+        return f"{name.lower()} in {Path.cwd() / CONFIG_FILE}"
+    return "its default"
+
+
 def read_config_file(path: Path | None = None) -> dict[str, str]:
-    """The settings of the config file (``./ocannl_config`` by default; none if it is absent)."""
+    """The settings of the config file (``./ocannl_config`` by default; none if it is absent).
+    A file that cannot be read, or is not UTF-8 text, is an :class:`OcannlError` naming it."""
     path = path or Path.cwd() / CONFIG_FILE
     if not path.is_file():
         return {}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise OcannlError(f"{path} is not a text file of key=value lines (byte {e.start} is not UTF-8): "
+                          f"fix or remove it") from None
+    except OSError as e:
+        raise OcannlError(f"cannot read the settings file {path} ({e.strerror}): fix its permissions or remove it") from None
+    if "\0" in text:
+        raise OcannlError(f"{path} is not a text file of key=value lines (it holds NUL bytes): fix or remove it")
     settings: dict[str, str] = {}
-    for lineno, raw in enumerate(path.read_text().splitlines(), 1):
+    for lineno, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
@@ -43,6 +69,11 @@ def read_config_file(path: Path | None = None) -> dict[str, str]:
             raise OcannlError(f"{path}:{lineno}: expected a key=value line, got {raw!r}")
         if key in settings:
             raise OcannlError(f"{path}:{lineno}: {key} is set twice")
+        if key in ENVIRONMENT_ONLY:
+            raise OcannlError(
+                f"{path}:{lineno}: {key} names a program to run, which a settings file may not choose; "
+                f"set OCANNL_{key.upper()} in the environment instead"
+            )
         settings[key] = value.strip()
     return settings
 

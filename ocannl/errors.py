@@ -46,3 +46,8 @@ class IndexBindingError(OcannlError):
 
 class OutOfBoundsError(OcannlError):
     """A buffer access outside the buffer's dims (reported by the interpreter with the IR location)."""
+
+
+class CompileError(OcannlError):
+    """A compiler rejected a generated source, or did not produce a loadable library (a bug in
+    ocannl, or a broken toolchain: the message holds the command and the compiler's output)."""

@@ -70,7 +70,8 @@ def softmax(x: Tensor, spec: str = "... | ..., t", temperature: float = 1.0) -> 
 def max_pool2d(x: Tensor, stride: int = 2, window_size: int = 2) -> Tensor:
     """The maximum over ``window_size``-square windows of the two output axes before the
     channels (``... | h, w, ..c..``), moving by ``stride``: a tropical einsum with a zero kernel
-    carrying the window's shape (spec §5)."""
+    carrying the window's shape. At a tie, the gradient goes to the window's first maximum in
+    row-major order, as PyTorch's (docs/semantics.md, "Gradients at ties")."""
     window = tensor(np.zeros((window_size, window_size), np.float32), label="pool_window")
     spec = (f"... | {stride}*oh<+wh, {stride}*ow<+ww, ..c..; wh, ww => ... | oh, ow, ..c..")
     return ops.tropical(spec, x, window, label="max_pool2d")

@@ -8,15 +8,18 @@ of shared/DESIGN.md §4.
 from __future__ import annotations
 
 import builtins
-from typing import Sequence
+import math
+from typing import Callable, Sequence
 
 import numpy as np
 
-from ocannl.errors import EinsumSyntaxError, ShapeError
+from ocannl.errors import EinsumSyntaxError, SessionError, ShapeError
+from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.assignments import (Accum, Apply, Arg, Assignment, Block, Constant, EmbedSymbol, Fetch,
-                                        Gather, ScatterAdd, Slice)
-from ocannl.lowlevel.indexing import IndexSymbol
+                                        Gather, RangeOverOffsets, ScatterAdd, Slice)
+from ocannl.lowlevel.indexing import IndexSymbol, Iter, Projections
 from ocannl.lowlevel.scalar_ops import Binop, ScalarOp, Ternop, Unop
+from ocannl.lowlevel.tnode import TNode
 from ocannl.shape import einsum as es
 from ocannl.shape import solver as solver_mod
 from ocannl.shape.shape import Shape
@@ -92,7 +95,7 @@ def forward_code(t: Tensor) -> Assignment:
         if t.op == "mean":
             (x,) = t.operands
             count = int(np.prod(x.dims)) // builtins.max(1, int(np.prod(t.dims)))
-            scale = Accum(t.value, Binop.MUL, Unop.ID, (1.0 / count,),
+            scale = Accum(t.value, Binop.MUL, Unop.ID, (_mean_scale(count),),
                           lambda: identity_projections(t.dims, [()]), spec=".")
             return Block((code, scale))
         return code
@@ -132,9 +135,18 @@ def _div(a, b):
     return _b(Binop.DIV, a, b)
 
 
+def _mean_scale(count: int) -> float:
+    """``1 / count``, the factor turning a sum of ``count`` cells into their mean; over no cell
+    (a size-0 axis) it is +inf, so that the mean is ``0 * inf``, NaN, as numpy's ``0 / 0``
+    (docs/semantics.md, "Numerics")."""
+    return 1.0 / count if count else math.inf
+
+
 _ADD, _SUB = Binop.ADD, Binop.SUB
 _G_TIMES_V2 = {1: (_ADD, _mul("g", "v2")), 2: (_ADD, _mul("v1", "g"))}
-_MASK_OF_MAX = {1: (_ADD, _mul("g", _b(Binop.EQ, "v", "v1")))}
+# At a tie of the two operands the first one gets the gradient (docs/semantics.md).
+_TO_THE_FIRST_EQUAL = {1: (_ADD, _mul("g", _b(Binop.EQ, "v", "v1"))),
+                       2: (_ADD, _mul("g", _mul(_b(Binop.EQ, "v", "v2"), _b(Binop.NE, "v1", "v2"))))}
 
 GRADIENTS: dict[str, dict[int, tuple[Binop, object]]] = {
     "add": {1: (_ADD, "g"), 2: (_ADD, "g")},
@@ -158,22 +170,22 @@ GRADIENTS: dict[str, dict[int, tuple[Binop, object]]] = {
     "tanh": {1: (_ADD, _mul("g", _b(Binop.SUB, 1.0, _mul("v", "v"))))},
     "sigmoid": {1: (_ADD, _mul("g", _mul("v", _b(Binop.SUB, 1.0, "v"))))},
     "abs": {1: (_ADD, _mul("g", _b(Binop.SUB, _b(Binop.GT, "v1", 0.0), _b(Binop.LT, "v1", 0.0))))},
-    "max": {1: (_ADD, _mul("g", _b(Binop.EQ, "v", "v1"))), 2: (_ADD, _mul("g", _b(Binop.EQ, "v", "v2")))},
-    "min": {1: (_ADD, _mul("g", _b(Binop.EQ, "v", "v1"))), 2: (_ADD, _mul("g", _b(Binop.EQ, "v", "v2")))},
+    "max": _TO_THE_FIRST_EQUAL,
+    "min": _TO_THE_FIRST_EQUAL,
     "where": {2: (_ADD, _b(Ternop.WHERE, "v1", "g", 0.0)), 3: (_ADD, _b(Ternop.WHERE, "v1", 0.0, "g"))},
     "fma": {1: (_ADD, _mul("g", "v2")), 2: (_ADD, _mul("v1", "g")), 3: (_ADD, "g")},
     "compose": _G_TIMES_V2,
     "outer_sum": {1: (_ADD, "g"), 2: (_ADD, "g")},
     "sum": {1: (_ADD, "g")},
-    "einmax": _MASK_OF_MAX,
-    "max_reduce": _MASK_OF_MAX,
-    "tropical": {1: (_ADD, _mul("g", _b(Binop.EQ, "v", _b(Binop.ADD, "v1", "v2")))),
-                 2: (_ADD, _mul("g", _b(Binop.EQ, "v", _b(Binop.ADD, "v1", "v2"))))},
     "slice": {1: (_ADD, "g")},
 }
 """Gradient rules of the differentiable ops; ``einsum``, ``mean`` and ``take`` depend on arity
-or shapes and are in :func:`gradient_rules`. Ops absent here (comparisons, ``not``) have no
-gradient."""
+or shapes and are in :func:`gradient_rules`, the max-reductions in :data:`MAX_REDUCTIONS`. Ops
+absent here (comparisons, ``not``) have no gradient."""
+
+MAX_REDUCTIONS: dict[str, object] = {"einmax": "v1", "max_reduce": "v1", "tropical": _b(Binop.ADD, "v1", "v2")}
+"""The ops reducing by maximum, each with the value a point of its loops offers the maximum;
+their gradient goes to the first maximum of each window (:func:`_first_maximum_backward`)."""
 
 NON_DIFFERENTIABLE = frozenset({"lt", "gt", "eq", "ne", "not", "embed_index", "tensor", "number"})
 
@@ -190,7 +202,7 @@ def gradient_rules(t: Tensor) -> dict[int, tuple[Binop, object]]:
     if t.op == "mean":
         (x,) = t.operands
         count = int(np.prod(x.dims)) // builtins.max(1, int(np.prod(t.dims)))
-        return {1: (_ADD, _mul("g", 1.0 / count))}
+        return {1: (_ADD, _mul("g", _mean_scale(count)))}
     return GRADIENTS.get(t.op, {})
 
 
@@ -199,6 +211,8 @@ def backward_code(t: Tensor) -> list[Assignment]:
     if t.op == "take":
         table, indices = t.operands
         return [ScatterAdd(table.grad, indices.value, t.grad)] if table.requires_grad else []
+    if t.op in MAX_REDUCTIONS:
+        return _first_maximum_backward(t)
     if t.op in ("concat", "interleave"):
         accum = Binop.SUB if t.attrs.get("negated") else Binop.ADD
         return [Accum(o.grad, accum, Unop.ID, (t.grad,), _retargeted_part(t, j), spec=_spec_text(t, t.op))
@@ -214,6 +228,16 @@ def backward_code(t: Tensor) -> list[Assignment]:
 
 def _gradient_accum(t: Tensor, j: int, accum: Binop, expr) -> Accum:
     """``operand_j.grad <accum>= expr``, ``expr`` read at the forward op's projections."""
+    return _rule_accum(t, t.operands[j - 1].grad, j, accum, expr, t.projections)
+
+
+def _rule_accum(t: Tensor, lhs: TNode, lhs_slot: int, accum: Binop, expr, projections: Callable[[], Projections],
+                extra: dict[str, tuple[TNode, int]] | None = None, initialize_neutral: bool = False) -> Accum:
+    """``lhs <accum>= expr`` over the loops of ``projections()``, ``t``'s forward loops (its
+    slot ``lhs_slot`` indexes ``lhs``). The leaves of ``expr`` are ``g`` and ``v`` (read at the
+    result's slot 0), ``v1``, ``v2``, ``v3`` (the operands' slots) and the names in ``extra``,
+    each a node with the slot that indexes it."""
+    extra = extra or {}
     leaves: list[str] = []
 
     # With a reducing spec (``oc.exp(x, spec="ij=>i")``) the result holds a sum, not each
@@ -240,14 +264,64 @@ def _gradient_accum(t: Tensor, j: int, accum: Binop, expr) -> Accum:
         elif leaf == "v":
             rhs.append(t.value)
             slots.append(0)
+        elif leaf in extra:
+            node, slot = extra[leaf]
+            rhs.append(node)
+            slots.append(slot)
         else:
             k = int(leaf[1:])
             rhs.append(_operand(t.operands[k - 1]))
             slots.append(k)
     if isinstance(fn, Arg):
         fn = Unop.ID
-    return Accum(t.operands[j - 1].grad, accum, fn, tuple(rhs),
-                 lambda: retarget(t.projections(), j, slots), spec=_spec_text(t, "."))
+    return Accum(lhs, accum, fn, tuple(rhs), lambda: retarget(projections(), lhs_slot, slots),
+                 initialize_neutral=initialize_neutral, spec=_spec_text(t, "."))
+
+
+def _first_maximum_backward(t: Tensor) -> list[Assignment]:
+    """The gradient of a max-reduction: in each window (the cells reduced into one result
+    cell), only the first cell equal to the maximum, in the order the reduced loops run
+    (row-major over the reduced axes), receives the result's gradient, so the gradient keeps
+    its total at ties (docs/semantics.md, "Gradients at ties"). One rule for every backend,
+    written as three assignments over the forward loops:
+
+    - ``position`` holds 0, 1, 2... over the window's shape;
+    - ``first`` (the result's shape) takes the least position whose point equals the maximum;
+    - each operand's gradient accumulates ``g`` at the points whose position is ``first``.
+
+    Positions are numbers of the result's compute precision; a window larger than it counts
+    exactly is an error rather than a gradient split between neighbours."""
+    targets = [j for j, o in enumerate(t.operands, 1) if o.requires_grad]
+    if not targets:
+        return []
+    proj = t.projections()
+    extents = dict(zip(proj.product_iterators, proj.product_space))
+    reduced = proj.reduction_iterators()
+    window = tuple(extents[r] for r in reduced)
+    size = math.prod(window)
+    dtype = t.dtype.compute if t.dtype.is_float else dtypes.DEFAULT
+    exact = 2**53 if dtype is dtypes.float64 else 2**24
+    if size > exact:
+        built_at = f" (built at {t.source})" if t.source else ""
+        raise SessionError(
+            f"{t.op} {t.label!r}{built_at}: each result cell reduces {size} cells, more than {dtype.name} "
+            f"positions count exactly ({exact}), so a tie could not be given to its first maximum; reduce "
+            f"in two steps (a maximum of maxima over smaller windows)")
+    numbered = Projections(proj.product_space, proj.product_iterators, proj.lhs_dims, proj.rhs_dims + (window,),
+                           proj.project_lhs, proj.project_rhs + (tuple(Iter(r) for r in reduced),), proj.debug)
+    position = TNode(f"{t.label}_window_position", dims=window, dtype=dtype)
+    first = TNode(f"{t.label}_first_maximum", dims=t.dims, dtype=dtype)
+    extra = {"position": (position, len(t.operands) + 1), "first": (first, 0)}
+    is_maximum = _b(Binop.EQ, MAX_REDUCTIONS[t.op], "v")
+    code: list[Assignment] = [
+        Fetch(position, RangeOverOffsets()),
+        _rule_accum(t, first, 0, Binop.MIN, _b(Ternop.WHERE, is_maximum, "position", float(size)),
+                    lambda: numbered, extra, initialize_neutral=True),
+    ]
+    for j in targets:
+        code.append(_rule_accum(t, t.operands[j - 1].grad, j, _ADD, _mul("g", _b(Binop.EQ, "position", "first")),
+                                lambda: numbered, extra))
+    return code
 
 
 def _part_projections(t: Tensor, j: int):
@@ -274,13 +348,17 @@ def param_init_code(t: Tensor):
     if isinstance(init, (int, float)) and not isinstance(init, bool):
         return Fetch(t.value, Constant(float(init)))
     if isinstance(init, np.ndarray) or isinstance(init, (list, tuple)):
-        arr = np.asarray(init, dtype=t.dtype.storage)
+        arr = np.asarray(init)
         if arr.shape != t.dims:
             raise ShapeError(f"parameter {t.label!r}: init array of shape {arr.shape} does not match its dims {t.dims}")
-        return arr
+        # Host values (bfloat16 as float32), rounded to the precision and range-checked here.
+        return dtypes.from_storage(t.dtype, dtypes.to_storage(t.dtype, arr, f"parameter {t.label!r}"))
     if callable(init):
         return init(t)
-    return default_init(t)
+    if init is None:
+        return default_init(t)
+    raise SessionError(f"parameter {t.label!r}: init={init!r} is not a number, an array or an initializer "
+                       f"(oc.param accepts those)")
 
 
 def default_init(t: Tensor):
@@ -319,6 +397,8 @@ def _binary(op: str):
 
     fn.__name__ = op
     fn.__doc__ = f"Pointwise ``{op}`` with numpy-style broadcasting (or the einsum ``spec=``)."
+    if op in ("max", "min"):
+        fn.__doc__ += " Where the operands are equal, the first gets the gradient (docs/semantics.md)."
     return fn
 
 
@@ -378,13 +458,14 @@ def outer_sum(spec: str, a, b, *, use_padding: bool | None = None, label: str | 
 
 def einmax(spec: str, a, *, use_padding: bool | None = None, capture: Sequence[str] | None = None,
            label: str | None = None) -> Tensor:
-    """One-operand einsum that takes the maximum over the axes absent from the result."""
+    """One-operand einsum that takes the maximum over the axes absent from the result. At a tie,
+    the gradient goes to the first maximum (docs/semantics.md, "Gradients at ties")."""
     return _einsum("einmax", spec, (a,), (1,), use_padding, capture, label)
 
 
 def tropical(spec: str, a, b, *, use_padding: bool | None = None, label: str | None = None) -> Tensor:
     """Max-plus einsum: the maximum of ``a + b`` over the axes absent from the result
-    (max-pooling with a kernel-shaped ``b``)."""
+    (max-pooling with a kernel-shaped ``b``). At a tie, the gradient goes to the first maximum."""
     return _einsum("tropical", spec, (a, b), (2,), use_padding, None, label)
 
 
@@ -409,7 +490,8 @@ def mean(x, axes=None, *, label: str | None = None) -> Tensor:
 
 
 def max(x, axes=None, *, label: str | None = None) -> Tensor:  # noqa: A001 - the catalog's name
-    """Maximum over every axis, or over the axes of the given kinds."""
+    """Maximum over every axis, or over the axes of the given kinds. At a tie, the gradient goes
+    to the first maximum (docs/semantics.md, "Gradients at ties")."""
     return new_op("max_reduce", Einsum(reduction_spec(_reduction_kinds(axes))), [as_tensor(x)], label)
 
 

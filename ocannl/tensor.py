@@ -13,12 +13,15 @@ numbers become scalar constants), ``@`` is compose (a's input axes contract with
 from __future__ import annotations
 
 import itertools
-from typing import Any, Sequence
+import keyword
+import numbers
+import operator
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ocannl import session
-from ocannl.errors import SessionError, ShapeError
+from ocannl.errors import IndexBindingError, SessionError, ShapeError
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.assignments import Assignment, Block, Computation
 from ocannl.lowlevel.dtypes import DType
@@ -175,12 +178,16 @@ class Tensor:
         """Parameters, and results of differentiable ops with a differentiable operand. Data,
         constants, index embeddings and comparisons get no gradient node."""
         if self._requires_grad is None:
-            if self.is_param:
-                self._requires_grad = True
-            elif self.logic is None or self.op in _ops().NON_DIFFERENTIABLE:
-                self._requires_grad = False
-            else:
-                self._requires_grad = any(o.requires_grad for o in self.operands)
+            # Operands first, in creation order, without recursion: a chain of thousands of ops
+            # must not exhaust the Python stack.
+            non_differentiable = _ops().NON_DIFFERENTIABLE
+            for u in subgraph(self, stop=lambda v: v._requires_grad is not None):
+                if u.is_param:
+                    u._requires_grad = True
+                elif u.logic is None or u.op in non_differentiable:
+                    u._requires_grad = False
+                else:
+                    u._requires_grad = any(o._requires_grad for o in u.operands)
         return self._requires_grad
 
     @property
@@ -221,21 +228,48 @@ class Tensor:
             return (self.value, _ops().param_init_code(self))
         return None
 
-    def numpy(self) -> np.ndarray:
-        """The value as a numpy array of shape ``t.dims``. If no context computed this tensor yet,
-        compiles and runs its forward code on the default context."""
+    def numpy(self, /, **bindings: int) -> np.ndarray:
+        """The value as a numpy array of shape ``t.dims``.
+
+        Without arguments, the value the last routine computing this tensor stored. When no
+        routine stored it (none ran yet, or the optimizer computed it inline: intermediates are
+        not stored unless ``t.materialize()`` asked), its forward code is compiled and run where
+        its parameters live (else on the default context), from their current values.
+        ``bindings`` bind the index symbols that forward code reads (``pred.numpy(batch_n=3)``
+        after training on ``xs[batch_n]``); given bindings, the value is always recomputed."""
         if self.is_constant:
+            self._check_numpy_bindings(set(), bindings)
             return np.full(self.dims, self.data, dtype=self.dtype.storage)
         from ocannl.backends.base import contexts_holding, default_context, last_writer
 
         ctx = last_writer(self.value)
-        if ctx is None or not ctx.has_value(self.value):
-            # Not computed (or inlined by the optimizer): compute it where its parameters live.
+        stored = ctx is not None and ctx.has_value(self.value)
+        if not stored:
             holders = (c for u in reversed(subgraph(self)) if u.is_param for c in contexts_holding(u.value))
             ctx = next(holders, None) or default_context()
+        if bindings or not stored:
             routine = ctx.compile(self)
-            routine.run()
+            self._check_numpy_bindings({s.name for s in routine.ir.static_symbols}, bindings)
+            routine.run(**bindings)
         return ctx.get(self.value)
+
+    def _check_numpy_bindings(self, reads: set[str], bindings: dict[str, int]) -> None:
+        """The index symbols ``t.numpy(...)`` binds are exactly those the forward code reads; the
+        error says what to pass, or how to keep the value a training step computed."""
+        unknown = sorted(set(bindings) - reads)
+        if unknown:
+            raise IndexBindingError(
+                f"{self.label!r}.numpy: computing {self.label!r} reads no index symbol named "
+                f"{', '.join(unknown)} (it reads: {', '.join(sorted(reads)) or 'none'})")
+        missing = sorted(reads - set(bindings))
+        if missing:
+            example = ", ".join(f"{n}=0" if n.isidentifier() and not keyword.iskeyword(n) else f"**{{{n!r}: 0}}"
+                                for n in missing)
+            raise IndexBindingError(
+                f"tensor {self.label!r} is not stored on any context (a routine computed it inline, or none "
+                f"ran), and computing it reads index symbol(s) {', '.join(missing)}: pass them, "
+                f"t.numpy({example}); or call t.materialize() before compiling the routine that computes "
+                f"it, to read the value that routine stores")
 
     def set(self, array) -> None:
         """Give this tensor a value: before compiling, it is kept (a parameter is then not
@@ -314,13 +348,14 @@ class GradNode(TNode):
         return ctx.get(self)
 
 
-def subgraph(t: Tensor) -> list[Tensor]:
-    """``t`` and every tensor it is computed from, in creation order (operands first)."""
+def subgraph(t: Tensor, stop: Callable[[Tensor], bool] | None = None) -> list[Tensor]:
+    """``t`` and every tensor it is computed from, in creation order (operands first); with
+    ``stop``, the walk neither keeps nor enters a tensor for which ``stop`` holds."""
     seen: dict[int, Tensor] = {}
     stack = [t]
     while stack:
         u = stack.pop()
-        if u.id not in seen:
+        if u.id not in seen and not (stop is not None and stop(u)):
             seen[u.id] = u
             stack.extend(u.operands)
     return [seen[i] for i in sorted(seen)]
@@ -351,6 +386,9 @@ def new_op(op: str, logic: ShapeLogic, operands: Sequence[Tensor], label: str | 
     s.register(shape)
     for o in operands:
         o._shape.used = True
+        # The logic sees each operand's rows as far as they are solved, as after ``o.shape``:
+        # whether the user read a shape first never changes what an op is built from.
+        s.resolve_shape(o._shape)
     try:
         s.add(logic.constraints(shape, [o._shape for o in operands], origin))
     except ShapeError:
@@ -384,15 +422,17 @@ def tensor(array, batch: int = 0, input: int = 0, label: str | None = None,
            dtype: DType | str | None = None) -> Tensor:
     """Data from a numpy array (or nested lists): the first ``batch`` axes are batch axes, the
     last ``input`` axes input axes, the rest output axes (shared/DESIGN.md §4). Float data is
-    float32 unless ``dtype`` says otherwise; integer data int32 (indices, e.g. for ``oc.take``)."""
+    float32 unless ``dtype`` says otherwise; integer data keeps its width (int64 stays int64,
+    ``dtypes.default_for``). A value the precision cannot hold is a ``DTypeError`` naming it."""
     arr = np.asarray(array)
     if arr.dtype.kind not in "fiub":
         raise TypeError(f"oc.tensor: expected numeric data, got dtype {arr.dtype}")
     if dtype is None:
-        dtype = dtypes.DEFAULT if arr.dtype.kind in "fb" else dtypes.by_name("int32")
+        dtype = dtypes.default_for(arr)
     elif isinstance(dtype, str):
         dtype = dtypes.by_name(dtype)
-    arr = dtypes.float32_to_bfloat16_bits(arr) if dtype is dtypes.bfloat16 else arr.astype(dtype.storage)
+    # Kept as the host sees it (bfloat16 as float32), rounded and range-checked once here.
+    arr = dtypes.from_storage(dtype, dtypes.to_storage(dtype, arr, f"oc.tensor {label or 'tensor'!r}"))
     if batch < 0 or input < 0 or batch + input > arr.ndim:
         raise ShapeError(
             f"oc.tensor: batch={batch} and input={input} axes do not fit an array of shape {arr.shape}")
@@ -412,26 +452,78 @@ def _number_label(value: float | int) -> str:
     return text
 
 
+def _int_like(x: Any) -> bool:
+    """An integer that is not a bool: ``3``, ``np.int64(3)``, anything ``operator.index`` takes."""
+    if isinstance(x, (bool, np.bool_)):
+        return False
+    try:
+        operator.index(x)
+    except TypeError:
+        return False
+    return True
+
+
 def _row_of_sizes(sizes, what: str, label: str) -> Row:
     if sizes is None:
         return Row.open(f"{label}_{what}")
-    if isinstance(sizes, int):
-        sizes = (sizes,)
-    sizes = tuple(sizes)
-    if not all(isinstance(d, int) and d > 0 for d in sizes):
+    items = (sizes,) if _int_like(sizes) else sizes
+    try:
+        dims = tuple(operator.index(d) if _int_like(d) else None for d in items)
+    except TypeError:  # not iterable
+        dims = (None,)
+    if not all(d is not None and d > 0 for d in dims):
         raise ShapeError(f"oc.param({label!r}): {what}= must be a positive int or a tuple of them, got {sizes!r}")
-    return Row.closed(sizes)
+    return Row.closed(dims)
+
+
+def _param_init(init: Any, label: str) -> Any:
+    """``oc.param``'s ``init=`` in the form the init code takes (ops.param_init_code): ``None``
+    (the default initializer), a float (every cell), a numpy array (the values, copied now: later
+    changes to the source do not reach the parameter) or a callable initializer. Array-likes are
+    anything numpy reads: nested lists, numpy arrays, objects with ``__array__`` or
+    ``__dlpack__`` (a torch or jax array). Anything else is an error, never the default."""
+    if init is None or (callable(init) and not _is_array_like(init)):
+        return init
+    if isinstance(init, (bool, np.bool_)):
+        raise TypeError(f"oc.param({label!r}): init={init!r} is a bool; give a number, an array or an initializer")
+    if isinstance(init, numbers.Real):
+        return float(init)
+    if isinstance(init, Tensor):
+        raise TypeError(f"oc.param({label!r}): init= cannot be a Tensor ({init.label!r}); pass its values "
+                        f"(init={init.label}.numpy()) or set the parameter later with .set(...)")
+    if not _is_array_like(init):
+        raise TypeError(f"oc.param({label!r}): init= must be a number, an array-like (nested lists, a numpy "
+                        f"array, an object with __array__ or __dlpack__ such as a torch tensor) or an "
+                        f"initializer such as oc.init.normal(); got {type(init).__name__}")
+    try:
+        if hasattr(init, "__dlpack__") and not hasattr(init, "__array__"):
+            arr = np.from_dlpack(init).copy()
+        else:
+            arr = np.array(init)  # a copy
+    except (TypeError, ValueError, RuntimeError, BufferError) as e:
+        raise TypeError(f"oc.param({label!r}): cannot read init= ({type(init).__name__}) as an array: {e}") from e
+    if arr.dtype.kind not in "fiu":
+        raise TypeError(f"oc.param({label!r}): init= must hold numbers, got an array of dtype {arr.dtype}")
+    return arr
+
+
+def _is_array_like(x: Any) -> bool:
+    return isinstance(x, (np.ndarray, list, tuple)) or hasattr(x, "__array__") or hasattr(x, "__dlpack__")
 
 
 def param(label: str, output=None, input=None, init=None, dtype: DType | str | None = None) -> Tensor:
-    """A learnable parameter. ``output``/``input`` are sizes: an int (one axis), a tuple (several,
-    leftmost first) or ``()`` (no axes); left out, they are inferred from the parameter's uses
-    (an error names the parameter when nothing determines them). Parameters have no batch axes."""
+    """A learnable parameter. ``output``/``input`` are sizes: an int (numpy integers too; one
+    axis), a tuple (several, leftmost first) or ``()`` (no axes); left out, they are inferred from
+    the parameter's uses (an error names the parameter when nothing determines them). Parameters
+    have no batch axes. ``init`` is a number, an array-like of the parameter's dims (a numpy or
+    torch array, nested lists; its values are copied when the parameter is created) or an
+    initializer from ``oc.init``; left out, ``ops.default_init`` chooses."""
     if not isinstance(label, str) or not label:
         raise TypeError("oc.param: the first argument is the parameter's label (a non-empty string)")
     dtype = dtypes.by_name(dtype) if isinstance(dtype, str) else (dtype or dtypes.DEFAULT)
     return leaf("param", label, Row.closed(()), _row_of_sizes(output, "output", label),
-                _row_of_sizes(input, "input", label), is_param=True, init=init, dtype=dtype)
+                _row_of_sizes(input, "input", label), is_param=True, init=_param_init(init, label),
+                dtype=dtype)
 
 
 def embed_symbol(sym: IndexSymbol) -> Tensor:

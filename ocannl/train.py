@@ -10,12 +10,15 @@ times with different index bindings.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
+import numpy as np
+
 from ocannl import ops
 from ocannl.errors import ShapeError
-from ocannl.lowlevel.assignments import Accum, Apply, Arg, Assignment, Block, Computation, Constant, Fetch
+from ocannl.lowlevel.assignments import Accum, Apply, Arg, Assignment, Block, Computation, Constant, Fetch, Init
 from ocannl.lowlevel.scalar_ops import Binop, Unop
 from ocannl.lowlevel.tnode import TNode
 from ocannl.shape.projections import identity_projections
@@ -57,7 +60,7 @@ class _ParamUpdate:
 
     name: str
     body: list[Assignment] = field(default_factory=list)
-    inits: list[tuple[TNode, Assignment]] = field(default_factory=list)
+    inits: list[tuple[TNode, Init]] = field(default_factory=list)
     prelude: tuple[Assignment, ...] = ()
 
     def to_computation(self) -> Computation:
@@ -71,9 +74,14 @@ class _ParamUpdate:
 
 
 def _scalar(x, what: str):
-    """A learning rate or coefficient: a number stays a constant; a tensor (e.g. of ``step_n``)
-    must be a scalar, computed inside the routine."""
-    if isinstance(x, (int, float)):
+    """A learning rate or coefficient: a number (numpy scalars and ``oc.number`` included) stays
+    a constant; a tensor (data, or an expression of ``step_n``) must be a scalar, computed inside
+    the routine."""
+    if isinstance(x, Tensor) and x.is_constant:
+        x = x.data.item()
+    if isinstance(x, (bool, np.bool_)):
+        raise TypeError(f"{what} must be a number or a scalar tensor, got {x!r}")
+    if isinstance(x, numbers.Real):
         return float(x), ()
     t = as_tensor(x)
     if t.dims not in ((), (1,)):
@@ -117,11 +125,12 @@ def sgd_update(update: GradUpdate, lr=0.1, momentum: float = 0.0, weight_decay: 
                nesterov: bool = False) -> _ParamUpdate:
     """SGD as torch.optim.SGD (dampening 0): ``d = g + wd*p``; with momentum ``buf = m*buf + d``
     and ``d = buf`` (Nesterov: ``d = d + m*buf``); ``p -= lr * d``. ``lr`` is a number or a
-    scalar tensor expression, e.g. of the ``step_n`` index symbol."""
+    scalar tensor: data (``lr.set(...)`` changes it between runs) or an expression, e.g. of the
+    ``step_n`` index symbol (docs/semantics.md, "Hyper-parameters given as tensors")."""
     if nesterov and not momentum:
         raise ValueError("sgd_update: nesterov=True needs momentum > 0")
     lr_val, lr_dims = _scalar(lr, "lr")
-    step = _ParamUpdate(f"{update.loss.label}_sgd_update", prelude=_forward_of(lr_val))
+    step = _hyperparameter(lr_val, f"{update.loss.label}_sgd_update")
     for p in update.params:
         dims = p.dims
         g, pv = p.grad, p.value
@@ -149,7 +158,7 @@ def adam_update(update: GradUpdate, lr=1e-3, betas: tuple[float, float] = (0.9, 
     scales ``p *= 1 - lr*wd``."""
     b1, b2 = betas
     lr_val, lr_dims = _scalar(lr, "lr")
-    step = _ParamUpdate(f"{update.loss.label}_adam_update", prelude=_forward_of(lr_val))
+    step = _hyperparameter(lr_val, f"{update.loss.label}_adam_update")
     t = TNode("adam_step", dims=(), dtype=update.params[0].dtype if update.params else None)  # type: ignore[arg-type]
     step.inits.append((t, Fetch(t, Constant(0.0))))
     step.body.append(Accum(t, Binop.ADD, Unop.ID, (1.0,), lambda: identity_projections((), [()]), spec="."))
@@ -176,11 +185,14 @@ def adam_update(update: GradUpdate, lr=1e-3, betas: tuple[float, float] = (0.9, 
     return step
 
 
-def _forward_of(x) -> tuple[Assignment, ...]:
-    """The forward code computing a tensor hyper-parameter (none for a number)."""
+def _hyperparameter(x, name: str) -> _ParamUpdate:
+    """An empty optimizer step whose prelude computes the hyper-parameter ``x``: nothing for a
+    number; for a tensor, its forward code, and the initializers of the data and parameters it
+    reads, so that ``lr = oc.tensor(...)`` holds its value on every context the step runs on."""
     if not isinstance(x, Tensor):
-        return ()
-    return (x.to_computation().body,)
+        return _ParamUpdate(name)
+    forward = x.to_computation()
+    return _ParamUpdate(name, inits=list(forward.inits), prelude=(forward.body,))
 
 
 def sequential_loop(routine, **ranges: Iterable[int]) -> Iterable[dict[str, int]]:

@@ -349,7 +349,7 @@ def test_every_differentiable_op_is_covered():
     named = {"compose": "compose", "max_reduce": "max-", "pow": "pow", "mul": "mul", "div": "div",
              "add": "add", "sub": "sub", "slice": "slice", "einsum": "einsum3", "mean": "mean-",
              "sum": "sum-", "maximum": "maximum", "max": "maximum", "min": "minimum"}
-    for op in set(ops.GRADIENTS) | {"einsum", "mean", "take", "concat", "interleave"}:
+    for op in set(ops.GRADIENTS) | set(ops.MAX_REDUCTIONS) | {"einsum", "mean", "take", "concat", "interleave"}:
         assert named.get(op, op) in ids, f"no gradient case for {op}"
 
 

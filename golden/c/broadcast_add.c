@@ -3,14 +3,39 @@
 #include <stdint.h>
 #include <string.h>
 
-int broadcast_add(
+/* A function kept out of line per loop nest, and per part of a long routine: the optimizer */
+/* works on one short function at a time, so the build time grows linearly with the routine. */
+#if defined(__GNUC__)
+#define OCANNL_NEST_FN __attribute__((noinline))
+#else
+#define OCANNL_NEST_FN
+#endif
+
+static OCANNL_NEST_FN void broadcast_add_nest0(
     const float *restrict b,
     const float *restrict x,
-    float *restrict y) {
+    float *restrict y,
+    int *_status) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 3; ++i1) {
       y[3*i0 + i1] = (x[3*i0 + i1] + b[i1]);
     }
   }
-  return 0;
+}
+
+static int broadcast_add(
+    const float *restrict b,
+    const float *restrict x,
+    float *restrict y) {
+  int _status_cell = 0, *_status = &_status_cell;  /* the failed check, if any */
+  broadcast_add_nest0(b, x, y, _status);
+  return _status_cell;
+}
+
+int broadcast_add_packed(void *const *_buffers, const int64_t *_symbols) {
+  (void)_symbols;
+  return broadcast_add(
+      _buffers[0],
+      _buffers[1],
+      _buffers[2]);
 }

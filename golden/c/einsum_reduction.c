@@ -3,6 +3,14 @@
 #include <stdint.h>
 #include <string.h>
 
+/* A function kept out of line per loop nest, and per part of a long routine: the optimizer */
+/* works on one short function at a time, so the build time grows linearly with the routine. */
+#if defined(__GNUC__)
+#define OCANNL_NEST_FN __attribute__((noinline))
+#else
+#define OCANNL_NEST_FN
+#endif
+
 #if defined(__FLT16_MAX__) && !defined(OCANNL_NO_FLOAT16)
 typedef _Float16 ocannl_half;
 static inline float ocannl_f16_to_f32(ocannl_half h) { return (float)h; }
@@ -50,11 +58,10 @@ static inline ocannl_half ocannl_f32_to_f16(float f) {
 #endif
 static inline float ocannl_max_f32(float a, float b) { return (a > b || b != b) ? a : b; }
 
-int einsum_reduction(
-    ocannl_half *restrict m,
+static OCANNL_NEST_FN void einsum_reduction_nest0(
     float *restrict s,
-    const float *restrict x) {
-  for (int64_t _n = 0; _n < 6; ++_n) s[_n] = 0.0f;
+    const float *restrict x,
+    int *_status) {
   for (int64_t i0 = 0; i0 < 2; ++i0) {
     for (int64_t i1 = 0; i1 < 5; ++i1) {
       for (int64_t i2 = 0; i2 < 3; ++i2) {
@@ -62,6 +69,12 @@ int einsum_reduction(
       }
     }
   }
+}
+
+static OCANNL_NEST_FN void einsum_reduction_nest1(
+    ocannl_half *restrict m,
+    const float *restrict x,
+    int *_status) {
   for (int64_t i3 = 0; i3 < 2; ++i3) {
     for (int64_t i4 = 0; i4 < 5; ++i4) {
       m[5*i3 + i4] = ocannl_f32_to_f16((-INFINITY));
@@ -70,5 +83,23 @@ int einsum_reduction(
       }
     }
   }
-  return 0;
+}
+
+static int einsum_reduction(
+    ocannl_half *restrict m,
+    float *restrict s,
+    const float *restrict x) {
+  int _status_cell = 0, *_status = &_status_cell;  /* the failed check, if any */
+  for (int64_t _n = 0; _n < 6; ++_n) s[_n] = 0.0f;
+  einsum_reduction_nest0(s, x, _status);
+  einsum_reduction_nest1(m, x, _status);
+  return _status_cell;
+}
+
+int einsum_reduction_packed(void *const *_buffers, const int64_t *_symbols) {
+  (void)_symbols;
+  return einsum_reduction(
+      _buffers[0],
+      _buffers[1],
+      _buffers[2]);
 }

@@ -220,11 +220,19 @@ static OCANNL_TILE_FN void matmul_tile0(
   }
 }
 
-int matmul(
+static int matmul(
     const float *restrict a,
     const float *restrict b,
     float *restrict c) {
   int _status_cell = 0, *_status = &_status_cell;  /* the failed check, if any */
   matmul_tile0(a, b, c, _status);
   return _status_cell;
+}
+
+int matmul_packed(void *const *_buffers, const int64_t *_symbols) {
+  (void)_symbols;
+  return matmul(
+      _buffers[0],
+      _buffers[1],
+      _buffers[2]);
 }

@@ -3,15 +3,40 @@
 #include <stdint.h>
 #include <string.h>
 
-int matvec(
+/* A function kept out of line per loop nest, and per part of a long routine: the optimizer */
+/* works on one short function at a time, so the build time grows linearly with the routine. */
+#if defined(__GNUC__)
+#define OCANNL_NEST_FN __attribute__((noinline))
+#else
+#define OCANNL_NEST_FN
+#endif
+
+static OCANNL_NEST_FN void matvec_nest0(
     const float *restrict a,
     float *restrict c,
-    const float *restrict v) {
+    const float *restrict v,
+    int *_status) {
   for (int64_t i0 = 0; i0 < 3; ++i0) {
     c[i0] = 0.0f;
     for (int64_t i1 = 0; i1 < 4; ++i1) {
       c[i0] = (c[i0] + (a[4*i0 + i1] * v[i1]));
     }
   }
-  return 0;
+}
+
+static int matvec(
+    const float *restrict a,
+    float *restrict c,
+    const float *restrict v) {
+  int _status_cell = 0, *_status = &_status_cell;  /* the failed check, if any */
+  matvec_nest0(a, c, v, _status);
+  return _status_cell;
+}
+
+int matvec_packed(void *const *_buffers, const int64_t *_symbols) {
+  (void)_symbols;
+  return matvec(
+      _buffers[0],
+      _buffers[1],
+      _buffers[2]);
 }

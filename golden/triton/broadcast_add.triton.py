@@ -23,7 +23,8 @@ def add_fwd_0_add_4(add_4, x, b, c, XBLOCK: tl.constexpr):
     t0 = tl.load(x + x0 * 20 + x1, mask=xmask, other=0.0)
     t1 = tl.load(b + x1, mask=xmask, other=0.0)
     t2 = tl.load(c)
-    tl.store(add_4 + x0 * 20 + x1, ((t0 + t1) + t2), mask=xmask)
+    t3 = ((t0 + t1) + t2)
+    tl.store(add_4 + x0 * 20 + x1, t3, mask=xmask)
 
 
 def launch(buffers, symbols, error):

@@ -38,6 +38,7 @@ from ocannl.lowlevel.indexing import IndexSymbol
 from ocannl.lowlevel.ir import RoutineIR, format_routine
 from ocannl.lowlevel.lower import lower_routine
 from ocannl.lowlevel.optimize import inlined_nodes, materialized_nodes, optimize, routine_inputs
+from ocannl.lowlevel.summation import block_sums
 from ocannl.lowlevel.tnode import TNode, sanitize_identifier
 
 
@@ -72,7 +73,10 @@ class _NumpyBuffers:
 
 
 class Backend(Protocol):
-    """A backend may also have ``buffers`` (a :class:`BufferOwner`; default: numpy arrays) and
+    """A backend may also have ``buffers`` (a :class:`BufferOwner`; default: numpy arrays),
+    ``tree_sums`` (true when it adds long float sums in its own tree order, as Triton's
+    ``tl.sum``: its loop IR is not rewritten to the blocked summation order of
+    ``ocannl/lowlevel/summation.py``), and
     ``emulated`` (true when it runs through an emulator, such as the Triton interpreter:
     :meth:`Context.auto` never picks it)."""
 
@@ -87,17 +91,20 @@ class Backend(Protocol):
 
 @dataclass(frozen=True)
 class _Registration:
-    factory: Callable[[], Backend]
+    factory: Callable[..., Backend]
     preference: int
+    options: tuple[str, ...] = ()
 
 
 _registry: dict[str, _Registration] = {}
 
 
-def register_backend(name: str, factory: Callable[[], Backend], *, preference: int = 0) -> None:
+def register_backend(name: str, factory: Callable[..., Backend], *, preference: int = 0,
+                     options: tuple[str, ...] = ()) -> None:
     """Make backend ``name`` selectable; :meth:`Context.auto` picks the available backend of
-    highest ``preference`` (interp has 0; shared/DESIGN.md §4 orders triton > c > interp)."""
-    _registry[name] = _Registration(factory, preference)
+    highest ``preference`` (interp has 0; shared/DESIGN.md §4 orders triton > c > interp).
+    ``options`` are the keyword arguments ``factory`` takes (``Context(name, option=...)``)."""
+    _registry[name] = _Registration(factory, preference, options)
 
 
 def registered_backends() -> tuple[str, ...]:
@@ -105,13 +112,19 @@ def registered_backends() -> tuple[str, ...]:
     return tuple(sorted(_registry, key=lambda n: -_registry[n].preference))
 
 
-def get_backend(name: str) -> Backend:
-    """A fresh instance of backend ``name``; :class:`BackendUnavailable` if it cannot run here."""
+def get_backend(name: str, **options: Any) -> Backend:
+    """A fresh instance of backend ``name`` made with ``options``; :class:`BackendUnavailable`
+    if it cannot run here."""
     if name not in _registry:
         raise BackendUnavailable(
             f"unknown backend {name!r}; known backends: {', '.join(registered_backends())}"
         )
-    backend = _registry[name].factory()
+    registration = _registry[name]
+    unknown = sorted(set(options) - set(registration.options))
+    if unknown:
+        accepted = ", ".join(registration.options) or "none"
+        raise OcannlError(f"backend {name!r} has no option {', '.join(unknown)} (its options: {accepted})")
+    backend = registration.factory(**options)
     ok, reason = backend.available()
     if not ok:
         raise BackendUnavailable(f"backend {name!r} cannot run here: {reason}")
@@ -126,13 +139,13 @@ def best_available() -> str:
     raise BackendUnavailable("no backend can run here")
 
 
-def _interp() -> Backend:
+def _interp(interp_mode: str | None = None) -> Backend:
     from ocannl.backends.interp import InterpBackend
 
-    return InterpBackend()
+    return InterpBackend(interp_mode)
 
 
-register_backend("interp", _interp, preference=0)
+register_backend("interp", _interp, preference=0, options=("interp_mode",))
 
 
 def _c() -> Backend:
@@ -173,9 +186,10 @@ class ContextStats:
 class Context:
     """Buffers on one backend, and the routines compiled for them."""
 
-    def __init__(self, backend: str | None = None, *, debug_dir: str | Path | None = None):
-        """``backend`` (else the ``backend`` setting, else ``interp``) names the backend."""
-        self.backend = get_backend(config.get("backend", backend, "interp"))
+    def __init__(self, backend: str | None = None, *, debug_dir: str | Path | None = None, **options: Any):
+        """``backend`` (else the ``backend`` setting, else ``interp``) names the backend;
+        ``options`` are its own (``Context("interp", interp_mode="scalar")``)."""
+        self.backend = get_backend(config.get("backend", backend, "interp"), **options)
         self._memory: BufferOwner = getattr(self.backend, "buffers", None) or _NumpyBuffers()
         self.stats = ContextStats()
         self.debug_dir = config.get("debug_dir", None if debug_dir is None else str(debug_dir))
@@ -222,24 +236,19 @@ class Context:
             raise SessionError(
                 f"{tnode.debug_name} has no value on this context: run a routine that computes it, or set it"
             )
-        array = self._memory.to_host(self._buffers[tnode])
-        if tnode.dtype is dtypes.bfloat16:
-            return dtypes.bfloat16_bits_to_float32(array).copy()
-        return array.copy()
+        return dtypes.from_storage(tnode.dtype, self._memory.to_host(self._buffers[tnode]))
 
     def set(self, tnode: TNode, array: Any) -> None:
         """Give ``tnode`` the value ``array`` (converted to the node's precision; its shape must
-        be ``tnode.dims``, plus a trailing 4 for uint4x32)."""
+        be ``tnode.dims``, plus a trailing 4 for uint4x32). Values the precision cannot hold are a
+        :class:`~ocannl.lowlevel.dtypes.DTypeError`, not wrapped."""
         value = np.asarray(array)
         shape = _buffer_shape(tnode)
         if value.shape != shape:
             raise ShapeError(
                 f"cannot set {tnode.debug_name} (dims {tnode.dims}) from an array of shape {value.shape}"
             )
-        if tnode.dtype is dtypes.bfloat16:
-            stored = dtypes.float32_to_bfloat16_bits(value.astype(np.float32))
-        else:
-            stored = value.astype(tnode.dtype.storage)
+        stored = dtypes.to_storage(tnode.dtype, value, tnode.debug_name)
         self._buffers[tnode] = self._memory.from_host(np.ascontiguousarray(stored).copy())
         self._inlined.pop(tnode, None)
 
@@ -291,19 +300,31 @@ class Context:
         # Keep what the user did not mark virtual, and what routines compiled here read as input.
         inputs = routine_inputs(unoptimized)
         optimized = optimize(unoptimized, materialized_nodes(unoptimized) | self._inputs)
+        if not getattr(self.backend, "tree_sums", False):
+            optimized = block_sums(optimized)
         self._inputs |= inputs
         if self.debug_dir is not None:
-            self.debug_dir.mkdir(parents=True, exist_ok=True)
-            (self.debug_dir / f"{name}.cd").write_text(format_cd(name, body))
-            (self.debug_dir / f"{name}-unoptimized.ll").write_text(format_routine(unoptimized))
-            (self.debug_dir / f"{name}.ll").write_text(format_routine(optimized))
+            self._write_debug(name, {".cd": format_cd(name, body), "-unoptimized.ll": format_routine(unoptimized),
+                                     ".ll": format_routine(optimized)})
         executable = self.backend.compile(optimized)
         if self.debug_dir is not None:  # generated sources, e.g. {".c": text}
-            for suffix, text in getattr(executable, "debug_files", {}).items():
-                (self.debug_dir / f"{name}{suffix}").write_text(text)
+            self._write_debug(name, getattr(executable, "debug_files", {}))
         routine = Routine(self, optimized, executable)
         routine._inputs, routine._inlined = inputs, inlined_nodes(unoptimized, optimized)
         return routine
+
+    def _write_debug(self, name: str, files: Mapping[str, str]) -> None:
+        """``<debug_dir>/<name><suffix>`` for each of ``files``; a directory that cannot be made or
+        written is an error naming the path, not an ``OSError`` from the middle of a compile."""
+        path = self.debug_dir
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            for suffix, text in files.items():
+                path = self.debug_dir / f"{name}{suffix}"
+                path.write_text(text, encoding="utf-8")
+        except OSError as e:
+            raise OcannlError(f"cannot write {path} ({e.strerror or e}), debug output of routine {name}: set "
+                              f"ctx.debug_dir (or OCANNL_DEBUG_DIR) to a writable directory, or to None") from None
 
     def __repr__(self) -> str:
         return f"Context({self.backend_name!r}, {len(self._buffers)} buffers)"
@@ -345,8 +366,7 @@ class Routine:
             if node in inlined:
                 raise SessionError(
                     f"routine {self.name} reads {node.debug_name}, but routine {inlined[node]} computed it inline "
-                    f"(virtualized) without storing it: call mark_materialized on it (ocannl.lowlevel.tnode) "
-                    f"before compiling {inlined[node]}"
+                    f"(virtualized) without storing it. {_how_to_keep(node, inlined[node])}"
                 )
         buffers = {node: self.context._buffer(node) for node in self._nodes}
         self._executable.run(buffers, self._bindings)
@@ -363,25 +383,56 @@ class Routine:
         if symbol is None:
             known = ", ".join(self._symbols) or "none"
             raise IndexBindingError(f"routine {self.name} has no index symbol {key!r} (it reads: {known})")
-        try:
-            v = operator.index(value)
-        except TypeError:
-            raise IndexBindingError(f"index symbol {key} must be bound to an int, got {value!r}") from None
-        if v < 0 or (symbol.size is not None and v >= symbol.size):
-            bound = f"[0, {symbol.size})" if symbol.size is not None else "[0, ...)"
-            raise IndexBindingError(f"index symbol {key} = {v} is outside {bound}")
-        self._bindings[symbol] = v
+        self._bindings[symbol] = check_binding(symbol, value, self.name)
 
     def __repr__(self) -> str:
         return f"Routine({self.name!r})"
 
 
+BINDING_LIMIT = 2**63
+"""Bindings are passed to every backend as signed 64-bit integers: values are below this."""
+
+
+def check_binding(symbol: IndexSymbol, value: Any, routine: str) -> int:
+    """``value`` as the binding of ``symbol``, checked once here for every backend: an int (numpy
+    integers too; never a bool or a float, whose meaning as a position is a guess), in
+    ``[0, symbol.size)`` when the symbol has a size, else in ``[0, 2**63)``: the value reaches
+    every backend as a 64-bit integer. A symbol without a size can still be bound past the axis
+    it indexes: the routine's own bounds checks report that (OutOfBoundsError) on every backend
+    (docs/precisions.md, "Index symbol bindings")."""
+    if isinstance(value, (bool, np.bool_)):
+        raise IndexBindingError(
+            f"routine {routine}: index symbol {symbol.name} must be bound to an int, got the bool {value!r}"
+        )
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise IndexBindingError(
+            f"routine {routine}: index symbol {symbol.name} must be bound to an int, got {value!r} "
+            f"({type(value).__name__})"
+        ) from None
+    sized = symbol.size is not None and symbol.size <= BINDING_LIMIT
+    limit = symbol.size if sized else BINDING_LIMIT
+    if not 0 <= v < limit:
+        what = f"its size {symbol.size}" if sized else "a 64-bit index (2**63)"
+        raise IndexBindingError(
+            f"routine {routine}: index symbol {symbol.name} = {v} is outside [0, {limit}), the range of {what}"
+        )
+    return v
+
+
 def _inlined_message(tnode: TNode, routine: str) -> str:
     return (
         f"{tnode.debug_name} was virtualized: routine {routine} computes it inline where it is used and never "
-        f"stores it, so it has no value to read. To keep it, call mark_materialized on it "
-        f"(ocannl.lowlevel.tnode) before compiling {routine}, or read it (t.numpy()) before that routine runs"
+        f"stores it, so it has no value to read. {_how_to_keep(tnode, routine)}; or read it with t.numpy(), "
+        f"which recomputes it from the current parameters, given the index symbols it reads as keywords "
+        f"(e.g. t.numpy(batch_n=3))"
     )
+
+
+def _how_to_keep(tnode: TNode, routine: str) -> str:
+    """The fix, in the tensor API's words: nodes are what the user's tensors hold."""
+    return f"To keep it, call t.materialize() on its tensor t (labelled {tnode.label!r}) before compiling {routine}"
 
 
 def _buffer_shape(tnode: TNode) -> tuple[int, ...]:

@@ -28,8 +28,10 @@ What the walk decides for every language:
   accumulating into one cell per parallel iteration (matmul ``c[i,j] += a[i,k]*b[k,j]``) is
   emitted as register tiles: ``mr x nr`` accumulators in scalar variables, the reduction loops
   inside, the column loop unit-stride, the outermost reduction loop blocked for the cache. Each
-  cell still adds its terms in the interpreter's order (ascending reduction indices), so results
-  stay bit-identical; only which cell is worked on when changes.
+  cell still adds its terms in the interpreter's order, so results stay bit-identical; only which
+  cell is worked on when changes. A sum in blocks (ocannl/lowlevel/summation.py) is tiled as it
+  is written: each block summed from zero in registers, then added to the cell, the loop over
+  a contraction's ``k`` blocks outside the tiles.
 * **Parallel loops**: the outermost loop of a nest gets the table's parallel pragma (OpenMP in C)
   when it is a parallel loop whose iterations write disjoint cells and read no cell another
   iteration writes, and the nest does at least :data:`PARALLEL_MIN_WORK` innermost iterations.
@@ -76,6 +78,7 @@ from ocannl.lowlevel.ir import (
     format_stmt,
     iter_exprs,
     iter_stmts,
+    seq,
     stmt_exprs,
 )
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
@@ -95,6 +98,10 @@ TILE_BYTES = 64
 """A register tile is ``TILE_ROWS`` cells of the row loop by ``TILE_BYTES / itemsize`` cells of
 the unit-stride column loop (4 x 16 floats): 64 independent accumulators, enough to hide the
 adder latency that an in-order sum per cell would otherwise expose."""
+
+PART_STATEMENTS = 32
+"""Top-level statements per part of a long routine (:meth:`Emitter.body`): enough that the parts'
+calls cost nothing next to their work, few enough that the C compiler's time stays linear."""
 
 REDUCTION_BLOCK = 128
 """The reduction steps a tile runs before moving on to the next tile (cache blocking of the
@@ -206,10 +213,15 @@ class ContractionPlan:
     reset: Const | None = None
     scope: LocalScope | None = None
     init: Const | None = None
+    blocks: Stmt | None = None
+    """The reduction in blocks (ocannl/lowlevel/summation.py): loops around leaf stores
+    ``out[I] := out[I] + v { loops { v := v op term } }``; each leaf sums its block from zero in
+    the tile's registers and adds it to the cell (``reductions`` is then empty)."""
 
     @property
     def work(self) -> int:
-        return _product(n for _, n in self.parallel) * _product(n for _, n in self.reductions)
+        terms = _product(n for _, n in self.reductions) if self.blocks is None else _block_terms(self.blocks)
+        return _product(n for _, n in self.parallel) * terms
 
     @property
     def accumulator_dtype(self) -> DType:
@@ -234,6 +246,9 @@ def plan_contraction(loop: For) -> ContractionPlan | None:
     cells can be computed in any order, and in registers, as long as each cell's own steps keep
     their order: reduction loops stay in their nest order, inside the parallel ones.
     """
+    blocked = _plan_blocked_contraction(loop)
+    if blocked is not None:
+        return blocked
     chain, body = _perfect_chain(loop)
     reset: Const | None = None
     scope: LocalScope | None = None
@@ -324,6 +339,126 @@ def plan_contraction(loop: For) -> ContractionPlan | None:
     )
 
 
+def _plan_blocked_contraction(loop: For) -> ContractionPlan | None:
+    """The plan of a contraction whose reduction is in blocks of the summation order
+    (``ContractionPlan.blocks``): parallel loops indexing one cell, then either an optional reset
+    of the cell and loops around leaf stores each adding one block sum to the cell, or the store
+    ``out[I] := f(v { v := init; <loops around leaves v := v + block sum> })`` (the reduction
+    inlined into its consumer). A block sum adds terms, or the sums of smaller blocks (beyond
+    64 x 64 terms), each from zero."""
+    chain, body = _perfect_chain(loop)
+    stores = [s for s in iter_stmts(loop) if isinstance(s, Store)]
+    if not stores:
+        return None
+    out, idx = stores[-1].tnode, stores[-1].indices
+    scope: LocalScope | None = None
+    init: Const | None = None
+    bare = {i.symbol for i in idx if isinstance(i, Iter)}
+    used = {x for i in idx for x in _index_symbols(i)}
+    parallel = []
+    while chain and chain[0][0] in bare:
+        parallel.append(chain.pop(0))
+    if not parallel or len(parallel) != len(bare):
+        return None
+    rest: Stmt = body
+    for s, n in reversed(chain):
+        rest = For(s, n, rest, LoopKind.REDUCTION)
+    steps = list(rest.stmts) if isinstance(rest, Seq) else [rest]
+    reset = None
+    if steps and isinstance(steps[0], Store) and isinstance(steps[0].value, Const):
+        if (steps[0].tnode, steps[0].indices) != (out, idx) or steps[0].skip_oob:
+            return None
+        reset = steps.pop(0).value
+    elif len(steps) == 1 and isinstance(steps[0], Store) and (steps[0].tnode, steps[0].indices) == (out, idx):
+        scopes = [e for e in iter_exprs(steps[0].value) if isinstance(e, LocalScope)]
+        if len(scopes) != 1 or steps[0].skip_oob or any(
+            isinstance(e, GetLocal) or (isinstance(e, (Load, LoadDynamic)) and e.tnode is out)
+            for e in iter_exprs(steps[0].value)
+        ):
+            return None
+        scope = scopes[0]
+        steps = list(scope.body.stmts) if isinstance(scope.body, Seq) else [scope.body]
+        if steps and isinstance(steps[0], SetLocal) and steps[0].local is scope.local and isinstance(steps[0].value, Const):
+            init = steps.pop(0).value
+    updates: list[SetLocal] = []  # the statements adding a term to a block sum
+
+    def block_sum(stmt: Stmt, local: Local) -> bool:
+        """Whether ``stmt`` (a block's body) adds terms, or block sums of its own, to ``local``."""
+        match stmt:
+            case Seq(stmts=parts):
+                return all(block_sum(x, local) for x in parts)
+            case For(symbol=symbol, body=inner):
+                return symbol not in used and block_sum(inner, local)
+            case SetLocal(local=target, value=Binary(op=op, a=old, b=value)) if target is local and old == GetLocal(local):
+                if isinstance(value, LocalScope):
+                    return op is Binop.ADD and block_sum(value.body, value.local)
+                if any(isinstance(e, (GetLocal, LocalScope)) or (isinstance(e, (Load, LoadDynamic)) and e.tnode is out)
+                       for e in iter_exprs(value)):
+                    return False
+                updates.append(stmt)
+                return True
+        return False
+
+    def leaf_blocks(stmt: Stmt) -> bool:
+        """Whether ``stmt`` is loops around leaves adding one block sum each to the cell or to
+        the inlined reduction's local."""
+        match stmt:
+            case Seq(stmts=parts):
+                return all(leaf_blocks(x) for x in parts)
+            case For(symbol=symbol, body=inner):
+                return symbol not in used and leaf_blocks(inner)
+            case Store(tnode=node, indices=cell, value=Binary(op=Binop.ADD, a=old, b=LocalScope() as block)):
+                return (scope is None and (node, cell) == (out, idx) and old == Load(out, idx) and not stmt.skip_oob
+                        and block_sum(block.body, block.local))
+            case SetLocal(local=local, value=Binary(op=Binop.ADD, a=old, b=LocalScope() as block)):
+                return (scope is not None and local is scope.local and old == GetLocal(local)
+                        and block_sum(block.body, block.local))
+        return False
+
+    blocks = seq(*steps)
+    if not steps or not leaf_blocks(blocks) or len({u.value.op for u in updates}) != 1:
+        return None
+    p_volume = _product(n for _, n in parallel)
+    if p_volume < 8 or p_volume * _block_terms(blocks) < TILE_MIN_WORK:
+        return None
+    store, update = stores[-1], updates[0]
+    cols = _choose_cols(parallel, idx, update.value.b)
+    others = [p for p in parallel if cols is None or p[0] is not cols[0]]
+    rows = others[-1] if others else None
+    return ContractionPlan(
+        nest=loop,
+        parallel=tuple(parallel),
+        outer=tuple(p for p in others if rows is None or p[0] is not rows[0]),
+        rows=rows,
+        cols=cols,
+        mr=min(TILE_ROWS, rows[1]) if rows else 1,
+        nr=min(TILE_BYTES // out.dtype.compute.itemsize, cols[1]) if cols else 1,
+        reductions=(),
+        block=None,
+        store=store,
+        op=update.value.op,
+        term=update.value.b,
+        reset=reset,
+        scope=scope,
+        init=init,
+        blocks=blocks,
+    )
+
+
+def _block_terms(blocks: Stmt) -> int:
+    """The terms a cell adds in ``ContractionPlan.blocks`` (or in a block's body)."""
+    match blocks:
+        case For(extent=n, body=body):
+            return n * _block_terms(body)
+        case Seq(stmts=stmts):
+            return sum(_block_terms(x) for x in stmts)
+        case Store(value=Binary(b=LocalScope(body=body))) | SetLocal(value=Binary(b=LocalScope(body=body))):
+            return _block_terms(body)
+        case SetLocal():
+            return 1
+    return 0
+
+
 def _choose_cols(
     parallel: list[tuple[Symbol, int]], out_idx: tuple[AxisIndex, ...], term: Expr
 ) -> tuple[Symbol, int] | None:
@@ -366,6 +501,23 @@ def _index_symbols(idx: AxisIndex) -> tuple[AnySymbol, ...]:
     if isinstance(idx, Affine):
         return tuple(s for _, s in idx.terms)
     return ()
+
+
+def _self_contained(stmt: Stmt) -> bool:
+    """Whether every local ``stmt`` uses is declared inside it (it can move into a function)."""
+    declared: set[Local] = set()
+    used: set[Local] = set()
+    for s in iter_stmts(stmt):
+        if isinstance(s, DeclareLocal):
+            declared.add(s.local)
+        elif isinstance(s, SetLocal):
+            used.add(s.local)
+        for e in (sub for top in stmt_exprs(s) for sub in iter_exprs(top)):
+            if isinstance(e, LocalScope):
+                declared.add(e.local)
+            elif isinstance(e, GetLocal):
+                used.add(e.local)
+    return used <= declared
 
 
 def work(stmt: Stmt) -> int:
@@ -431,22 +583,26 @@ class Emitter:
         reserved: Iterable[str] = (),
         parallel: bool = True,
         tile_function: Callable[[Emitter, str, list[str], list[str]], list[str]] | None = None,
+        nest_function: Callable[[Emitter, str, list[str], list[str]], list[str]] | None = None,
     ):
         """``function_name``: the routine's function, also the prefix of its helper functions'
         names; ``reserved``: other identifiers node names must avoid.
         ``tile_function(emitter, name, params, body)`` wraps a contraction's lines in a helper
-        function of the language; without it, contractions print inline."""
+        function of the language; without it, contractions print inline. ``nest_function`` does
+        the same for every other top-level loop nest (:meth:`body`)."""
         self.syntax = syntax
         self.function_name = function_name
         self.routine = routine
         self.parallel = parallel
         self.tile_function = tile_function
+        self.nest_function = nest_function
         self.namer = Namer()
         format_routine(routine, self.namer)  # number loops and locals exactly as the .ll file
         # Node names are already reserved nowhere; this scope adds the function, its tile
         # helpers and the caller's names, and separates nodes that share a name (nodes made in
         # two sessions).
-        scope = Namespace({*reserved, function_name}, prefixes=[f"{function_name}_tile"])
+        helpers = [f"{function_name}_{kind}" for kind in ("tile", "nest", "part")]
+        scope = Namespace({*reserved, function_name}, prefixes=helpers)
         self.nodes: dict[TNode, str] = {
             node: scope.claim(node.name, node.id)
             for node in sorted(set(routine.reads + routine.writes), key=lambda n: (n.name, n.id))
@@ -476,9 +632,49 @@ class Emitter:
         self._out.lines.append("  " * self._depth + text)
 
     def body(self) -> list[str]:
-        """The lines of the routine's body (indented one level)."""
-        self.stmt(self.routine.body)
+        """The lines of the routine's body (indented one level).
+
+        Through ``nest_function``, the body is a list of calls of helper functions: each
+        top-level loop nest that uses no local of the code around it becomes one, and a routine
+        of more than :data:`PART_STATEMENTS` top-level statements runs them in parts, a helper
+        function each. The C compiler then optimizes many short functions instead of one as long
+        as the routine: the time its optimizer takes grows faster than linearly in the length of
+        a function (alias queries between memory accesses, register allocation across a long
+        sequence of calls), and a training routine holds a few nests per layer."""
+        top = list(self.routine.body.stmts) if isinstance(self.routine.body, Seq) else [self.routine.body]
+        if self.nest_function is None:
+            self.stmt(self.routine.body)
+        elif len(top) <= PART_STATEMENTS or any(isinstance(s, DeclareLocal) for s in top):
+            self.statements(top)
+        else:  # no local crosses a part: each top-level statement declares its own
+            for k in range(0, len(top), PART_STATEMENTS):
+                part = top[k : k + PART_STATEMENTS]
+                self.helper("part", seq(*part), lambda part=part: self.statements(part))
         return self._out.lines
+
+    def statements(self, stmts: list[Stmt]) -> None:
+        """Prints ``stmts``, each self-contained loop nest as a helper function (:meth:`body`)."""
+        for s in stmts:
+            if (
+                isinstance(s, For)
+                and _self_contained(s)
+                and (self.tile_function is None or plan_contraction(s) is None)  # else a tile function already
+            ):
+                self.helper("nest", s, lambda s=s: self.stmt(s))
+            else:
+                self.stmt(s)
+
+    def helper(self, kind: str, stmt: Stmt, print_body: Callable[[], None]) -> None:
+        """Prints a call of a new helper function ``<function>_<kind><k>`` (``nest_function``)
+        whose body ``print_body`` prints: the code of ``stmt``, which names the parameters."""
+        saved_out, saved_depth, saved_declared = self._out, self._depth, self._declared
+        self._out, self._depth, self._declared = _Output(), 1, set()
+        print_body()
+        lines, self._out, self._depth, self._declared = self._out.lines, saved_out, saved_depth, saved_declared
+        name = f"{self.function_name}_{kind}{len(self.functions)}"
+        params, args = self._helper_params(stmt)
+        self.functions.append(self.nest_function(self, name, params, lines))
+        self.line(f"{name}({', '.join(args)});")
 
     def statement_lines(self, stmt: Stmt, bound: Mapping[Symbol, int], depth: int = 1) -> list[str]:
         """The lines of ``stmt`` alone, indented ``depth`` levels. ``bound`` maps loop symbols
@@ -634,7 +830,8 @@ class Emitter:
         store = plan.store
         self.line(
             f"/* {comment_text(format_stmt(store, self.namer))} in {plan.mr}x{plan.nr} register tiles; "
-            "each cell sums in loop order */"
+            + ("each block of terms sums from zero, then adds to the cell */" if plan.blocks is not None
+               else "each cell sums in loop order */")
         )
         if plan.reset is not None:
             reset = Store(store.tnode, store.indices, plan.reset)
@@ -643,6 +840,49 @@ class Emitter:
             self._in_scope += 1  # the reset nest prints as plain loops
             self.stmt(reset)
             self._in_scope -= 1
+        it = self.syntax.index_type
+        if plan.blocks is not None:
+            self._block_contraction(plan)
+        else:
+            self._loop_order_contraction(plan)
+        lines, self._out, self._depth = self._out.lines, saved_out, saved_depth
+        if self.tile_function is None:
+            self._out.lines.extend(lines)
+            return
+        name = f"{self.function_name}_tile{len(self.functions)}"
+        params, args = self._helper_params(plan.nest)
+        self.functions.append(self.tile_function(self, name, params, lines))
+        self.line(f"{name}({', '.join(args)});")
+
+    def _block_contraction(self, plan: ContractionPlan) -> None:
+        """The tiles of a reduction in blocks: the outermost loop of each top-level statement
+        of ``plan.blocks`` runs around the tiles (a block of operands stays in cache while every
+        tile uses it), the rest inside them (:meth:`_tile_blocks`)."""
+        it = self.syntax.index_type
+        if plan.scope is not None:  # the sum lives in the tile's registers until the cell's store
+            for row_range in _ranges(plan.rows, plan.mr):
+                for col_range in _ranges(plan.cols, plan.nr):
+                    self._tile_nest(plan, row_range, col_range, plan.blocks)
+            return
+        for top in plan.blocks.stmts if isinstance(plan.blocks, Seq) else (plan.blocks,):
+            inner = top
+            if isinstance(top, For):
+                var = self.namer.symbol(top.symbol)
+                self.line(f"for ({it} {var} = 0; {var} < {top.extent}; ++{var}) {{")
+                self._depth += 1
+                self._extents[top.symbol] = top.extent
+                inner = top.body
+            for row_range in _ranges(plan.rows, plan.mr):
+                for col_range in _ranges(plan.cols, plan.nr):
+                    self._tile_nest(plan, row_range, col_range, inner)
+            if isinstance(top, For):
+                del self._extents[top.symbol]
+                self._depth -= 1
+                self.line("}")
+
+    def _loop_order_contraction(self, plan: ContractionPlan) -> None:
+        """The tiles of a reduction in loop order, its first loop in cache blocks of
+        ``plan.block`` steps."""
         it = self.syntax.index_type
         first, first_extent = plan.reductions[0]
         k = self.namer.symbol(first)
@@ -660,18 +900,10 @@ class Emitter:
         if blocked:
             self._depth -= 1
             self.line("}")
-        lines, self._out, self._depth = self._out.lines, saved_out, saved_depth
-        if self.tile_function is None:
-            self._out.lines.extend(lines)
-            return
-        name = f"{self.function_name}_tile{len(self.functions)}"
-        params, args = self._tile_params(plan.nest)
-        self.functions.append(self.tile_function(self, name, params, lines))
-        self.line(f"{name}({', '.join(args)});")
 
-    def _tile_params(self, nest: For) -> tuple[list[str], list[str]]:
-        """The parameters of a contraction's helper function (nodes, index symbols, enclosing
-        loop indices) and the arguments passing them."""
+    def _helper_params(self, nest: Stmt) -> tuple[list[str], list[str]]:
+        """The parameters of the helper function printing ``nest`` (a contraction or a top-level
+        loop nest): nodes, index symbols, enclosing loop indices; and the arguments passing them."""
         nodes: dict[TNode, None] = {}
         symbols: dict[AnySymbol, None] = {}
         for s in iter_stmts(nest):
@@ -679,6 +911,8 @@ class Emitter:
             if isinstance(s, (Store, StoreDynamic)):
                 nodes[s.tnode] = None
                 symbols.update((x, None) for i in s.indices for x in _index_symbols(i))
+            elif isinstance(s, Fill):
+                nodes[s.tnode] = None
             for e in exprs:
                 if isinstance(e, (Load, LoadDynamic)):
                     nodes[e.tnode] = None
@@ -704,9 +938,10 @@ class Emitter:
         const = "" if node in self.written else "const "
         return f"{const}{self.syntax.storage_type(node.dtype)} *{self.syntax.restrict} {self.nodes[node]}"
 
-    def _tile_nest(self, plan: ContractionPlan, rows: tuple, cols: tuple) -> None:
+    def _tile_nest(self, plan: ContractionPlan, rows: tuple, cols: tuple, blocks: Stmt | None = None) -> None:
         """One nest of equal tiles: ``rows``/``cols`` are ``("loop", stop, step)`` (tiles at
-        ``0, step, ... < stop``) or ``("at", start, size)`` (one tile)."""
+        ``0, step, ... < stop``) or ``("at", start, size)`` (one tile); ``blocks``: the part of
+        ``plan.blocks`` each tile runs."""
         it = self.syntax.index_type
         loops: list[str] = []
         env: dict[Symbol, tuple[str | None, int]] = {}
@@ -740,9 +975,6 @@ class Emitter:
             self.line(text)
             self._depth += 1
         self._extents.update(extents)
-        out, idx = plan.store.tnode, plan.store.indices
-        acc_dtype = plan.accumulator_dtype
-        ctype = self.syntax.compute_type(acc_dtype)
         cells = [(r, q) for r in range(mr) for q in range(nr)]
 
         def cell_env(r: int, q: int) -> dict[Symbol, tuple[str | None, int]]:
@@ -752,6 +984,36 @@ class Emitter:
                     base, start = env[axis[0]]
                     e[axis[0]] = (base, start + offset)
             return e
+
+        if blocks is not None and plan.scope is not None:
+            dtype = plan.accumulator_dtype
+            first = self.syntax.literal(plan.init.value if plan.init else _zero(dtype), dtype)
+            for r, q in cells:
+                self.line(f"{self.syntax.compute_type(dtype)} _c{r}_{q} = {first};")
+            self._tile_blocks(plan, blocks, cells, cell_env)
+            out, idx = plan.store.tnode, plan.store.indices
+            for r, q in cells:
+                self._env = cell_env(r, q)
+                self._scope_values[id(plan.scope)] = f"_c{r}_{q}"
+                self.line(f"{self.access(out, idx)} = {self.stored(out, plan.store.value)};")
+        elif blocks is not None:
+            self._tile_blocks(plan, blocks, cells, cell_env)
+        else:
+            self._tile_loop_order(plan, cells, cell_env)
+        self._scope_values.clear()
+        self._env = {}
+        for s in extents:
+            self._extents.pop(s, None)
+        for _ in loops or ["{"]:
+            self._depth -= 1
+            self.line("}")
+
+    def _tile_loop_order(self, plan: ContractionPlan, cells: list[tuple[int, int]], cell_env: Callable) -> None:
+        """A tile's cells accumulated in registers from their first value, in loop order."""
+        it = self.syntax.index_type
+        out, idx = plan.store.tnode, plan.store.indices
+        acc_dtype = plan.accumulator_dtype
+        ctype = self.syntax.compute_type(acc_dtype)
 
         def acc(r: int, q: int) -> str:
             return f"_c{r}_{q}"
@@ -792,13 +1054,85 @@ class Emitter:
                 self.line(f"{self.access(out, idx)} = {self.stored(out, plan.store.value)};")
             else:
                 self.line(f"{self.access(out, idx)} = {self.syntax.to_storage(out.dtype, acc(r, q))};")
-        self._scope_values.clear()
+
+    def _tile_blocks(self, plan: ContractionPlan, blocks: Stmt, cells: list[tuple[int, int]], cell_env: Callable) -> None:
+        """A tile's part of a reduction in blocks: loops as loops; at each leaf, every cell sums
+        its block from zero in a register, then adds the block sum to the cell."""
+        match blocks:
+            case Seq(stmts=stmts):
+                for x in stmts:
+                    self._tile_blocks(plan, x, cells, cell_env)
+                return
+            case For(symbol=symbol, extent=n, body=body):
+                var = self.namer.symbol(symbol)
+                self.line(f"for ({self.syntax.index_type} {var} = 0; {var} < {n}; ++{var}) {{")
+                self._depth += 1
+                self._extents[symbol] = n
+                self._tile_blocks(plan, body, cells, cell_env)
+                del self._extents[symbol]
+                self._depth -= 1
+                self.line("}")
+                return
+        block = blocks.value.b  # a leaf: the cell or the tile's accumulator += a block sum
+        out, idx, dtype = plan.store.tnode, plan.store.indices, block.local.dtype
+        self.line("{")
+        self._depth += 1
+        for r, q in cells:  # the cell is read before the block's loop: C compilers vectorize that
+            self._env = cell_env(r, q)
+            start = f"_c{r}_{q}" if plan.scope is not None else self.syntax.from_storage(out.dtype, self.access(out, idx))
+            self.line(f"{self.syntax.compute_type(dtype)} _d{r}_{q} = {start};")
         self._env = {}
-        for s in extents:
-            self._extents.pop(s, None)
-        for _ in loops or ["{"]:
-            self._depth -= 1
-            self.line("}")
+        self._tile_block_sum(block, cells, cell_env, 0)
+        for r, q in cells:
+            self._env = cell_env(r, q)
+            total = self.syntax.binary(Binop.ADD, dtype, f"_d{r}_{q}", f"_b0_{r}_{q}")
+            if plan.scope is not None:
+                self.line(f"_c{r}_{q} = {total};")
+            else:
+                self.line(f"{self.access(out, idx)} = {self.syntax.to_storage(out.dtype, total)};")
+        self._env = {}
+        self._depth -= 1
+        self.line("}")
+
+    def _tile_block_sum(self, block: LocalScope, cells: list[tuple[int, int]], cell_env: Callable, level: int) -> None:
+        """Each cell's sum of ``block`` from zero in the register ``_b<level>_<r>_<q>``: its loops
+        as loops, its terms added in order, the sums of its own blocks (one level up) added as
+        each is done."""
+        dtype = block.local.dtype
+        zero = self.syntax.literal(_zero(dtype), dtype)
+        for r, q in cells:
+            self.line(f"{self.syntax.compute_type(dtype)} _b{level}_{r}_{q} = {zero};")
+
+        def walk(stmt: Stmt) -> None:
+            match stmt:
+                case Seq(stmts=stmts):
+                    for x in stmts:
+                        walk(x)
+                case For(symbol=symbol, extent=n, body=body):
+                    var = self.namer.symbol(symbol)
+                    self.line(f"for ({self.syntax.index_type} {var} = 0; {var} < {n}; ++{var}) {{")
+                    self._depth += 1
+                    self._extents[symbol] = n
+                    walk(body)
+                    del self._extents[symbol]
+                    self._depth -= 1
+                    self.line("}")
+                case SetLocal(value=Binary(b=LocalScope() as inner)):
+                    self.line("{")
+                    self._depth += 1
+                    self._tile_block_sum(inner, cells, cell_env, level + 1)
+                    for r, q in cells:
+                        total = self.syntax.binary(Binop.ADD, dtype, f"_b{level}_{r}_{q}", f"_b{level + 1}_{r}_{q}")
+                        self.line(f"_b{level}_{r}_{q} = {total};")
+                    self._depth -= 1
+                    self.line("}")
+                case SetLocal(value=Binary(op=op, b=term)):
+                    for r, q in cells:
+                        self._env = cell_env(r, q)
+                        self.line(f"_b{level}_{r}_{q} = {self.syntax.binary(op, dtype, f'_b{level}_{r}_{q}', self.expr(term))};")
+                    self._env = {}
+
+        walk(block.body)
 
     # -- expressions -----------------------------------------------------------------------------
 

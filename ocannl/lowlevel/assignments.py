@@ -165,9 +165,9 @@ class Gather:
 
     Axis convention: the integer values of ``indices`` select along ``table``'s leftmost axis;
     the result's axes are ``indices``' axes followed by ``table``'s remaining axes, so
-    ``lhs.dims == indices.dims + table.dims[1:]``. ``indices`` may hold integers or integral
-    floats (truncated toward zero); a value outside ``[0, table.dims[0])`` is an error
-    (interp: ``OutOfBoundsError``).
+    ``lhs.dims == indices.dims + table.dims[1:]``. ``indices`` may hold integers or floats
+    (truncated toward zero); a value outside ``[0, table.dims[0])``, NaN and infinities
+    included, is an ``OutOfBoundsError`` on every backend (docs/semantics.md, "Numerics").
     """
 
     lhs: TNode

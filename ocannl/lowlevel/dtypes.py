@@ -11,8 +11,11 @@ Two rules fix the arithmetic of the whole compiler (shared/DESIGN.md §3, "Preci
 
 bfloat16 has no numpy type: buffers hold its bit patterns as ``uint16`` and
 :func:`float32_to_bfloat16_bits` / :func:`bfloat16_bits_to_float32` convert (round to nearest
-even). uint4x32 is the 128-bit state of the Threefry-4x32 PRNG: one value is four uint32 lanes,
-stored as a trailing axis of length 4 in numpy.
+even). Host arrays never show those bit patterns: values cross between the host and a buffer only
+through :func:`to_storage` and :func:`from_storage`, which also refuse integers that do not fit
+their precision instead of wrapping them (docs/precisions.md). uint4x32 is the 128-bit state of
+the Threefry-4x32 PRNG: one value is four uint32 lanes, stored as a trailing axis of length 4 in
+numpy.
 """
 
 from __future__ import annotations
@@ -89,7 +92,8 @@ BY_NAME: dict[str, DType] = {d.name: d for d in ALL}
 DEFAULT = float32
 INDEX = int32
 """The type of index values (``EmbedIndex``, dynamic gather positions); buffers are limited to
-2**31 - 1 cells."""
+2**31 - 1 cells. Values that may pass it stay int64: gather positions read from int64 or uint32
+indices, and index symbols without a size (bindings are 64-bit), see docs/precisions.md."""
 
 
 def by_name(name: str) -> DType:
@@ -155,3 +159,74 @@ def lowest(dtype: DType) -> float | int:
 def highest(dtype: DType) -> float | int:
     """+inf for floats, the largest value for integers (the neutral element of min)."""
     return np.inf if dtype.is_float else int(np.iinfo(dtype.storage).max)
+
+
+def default_for(array: np.ndarray) -> DType:
+    """The precision of host data given without one: float32 for floats and booleans, and for
+    integers the narrowest of int32, uint32 and int64 that holds the numpy type's whole range
+    (uint64 maps to int64: :func:`to_storage` then refuses values past 2**63 - 1)."""
+    kind, size = array.dtype.kind, array.dtype.itemsize
+    if kind in "fb":
+        return DEFAULT
+    if kind == "i":
+        return int32 if size <= 4 else int64
+    if kind == "u":
+        return int32 if size <= 2 else uint32 if size == 4 else int64
+    raise DTypeError(f"expected numeric data, got numpy dtype {array.dtype}")
+
+
+def to_storage(dtype: DType, values: object, what: str) -> np.ndarray:
+    """Host values as a buffer of ``dtype`` holds them: floats rounded to nearest even (bfloat16
+    as its uint16 bit patterns), integers exactly. A value an integer precision cannot hold is an
+    error naming ``what`` (the tensor or node receiving it), the value and the range, never a
+    silent wrap-around; so are NaN and infinities bound for an integer precision. Float values bound
+    for an integer precision truncate toward zero, as C converts them. uint4x32 values are uint32
+    lanes (a trailing axis of 4)."""
+    array = np.asarray(values)
+    if array.dtype.kind not in "fiub":
+        raise DTypeError(f"{what}: expected numeric values for a {dtype.name} buffer, got numpy dtype {array.dtype}")
+    if dtype is bfloat16:
+        return float32_to_bfloat16_bits(_to_float32_round_to_odd(array))
+    if dtype.is_float:
+        return array.astype(dtype.storage)
+    if array.dtype.kind == "f":
+        bad = ~np.isfinite(array)
+        if bad.any():
+            raise DTypeError(f"{what}: the value {array[bad].flat[0]} has no {dtype.name} equivalent")
+        array = np.trunc(array)
+    info = np.iinfo(dtype.storage)
+    if array.size:
+        # Compared as Python ints: numpy would compare uint64 with int64 through float64.
+        low, high = int(array.min()), int(array.max())
+        for v in (low, high):
+            if not info.min <= v <= info.max:
+                fits_int64 = dtype is not int64 and -(2**63) <= v < 2**63
+                hint = " (an int64 tensor holds it: dtype='int64')" if fits_int64 else ""
+                raise DTypeError(
+                    f"{what}: the value {v} does not fit {dtype.name} [{info.min}, {info.max}]{hint}"
+                )
+    return array.astype(dtype.storage)
+
+
+def _to_float32_round_to_odd(array: np.ndarray) -> np.ndarray:
+    """``array`` as float32 rounded to odd: truncated toward zero, the last bit set when inexact.
+    Rounding that to bfloat16 (nearest even) gives the nearest bfloat16 of the original value,
+    where rounding to nearest twice could land one bfloat16 step off at a tie of the second
+    rounding: float32 keeps 16 more bits than bfloat16, enough for the sticky bit."""
+    if array.dtype.kind != "f" or array.dtype.itemsize <= 4:
+        return array.astype(np.float32)
+    wide = array.astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):  # past float32: inf, truncated just below
+        nearest = wide.astype(np.float32)
+        inexact = np.isfinite(wide) & (nearest.astype(np.float64) != wide)
+        overshoot = inexact & (np.abs(nearest.astype(np.float64)) > np.abs(wide))
+    truncated = np.where(overshoot, np.nextafter(nearest, np.float32(0)), nearest)
+    bits = truncated.view(np.uint32) | inexact.astype(np.uint32)
+    return bits.view(np.float32)
+
+
+def from_storage(dtype: DType, array: np.ndarray) -> np.ndarray:
+    """A buffer's values as the host sees them: a new array, bfloat16 widened to float32."""
+    if dtype is bfloat16:
+        return bfloat16_bits_to_float32(array)
+    return np.array(array, dtype=dtype.storage, copy=True)

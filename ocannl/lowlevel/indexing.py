@@ -137,18 +137,24 @@ def index_bounds(
 ) -> tuple[int, int] | None:
     """The least and greatest value ``idx`` takes when each symbol ``s`` ranges over the closed
     interval ``symbol_bounds(s)`` (``None``: unknown, and then so is the result). Lowering uses
-    it to find padded reads, the interpreter to skip bounds checks it can prove."""
+    it to find padded reads, the interpreter to skip bounds checks it can prove.
+
+    A symbol over an empty interval (the index of a loop of extent 0, ``(0, -1)``) gives ``idx``
+    no value at all: the result is then the empty interval ``(0, -1)``, inside every axis, since
+    no access through it ever happens."""
     if isinstance(idx, Fixed):
         return idx.index, idx.index
     terms, lo = (((1, idx.symbol),), 0) if isinstance(idx, Iter) else (idx.terms, idx.offset)
     hi = lo
+    empty = False
     for c, s in terms:
         bounds = symbol_bounds(s)
         if bounds is None:
             return None
+        empty |= bounds[0] > bounds[1]
         lo += min(c * bounds[0], c * bounds[1])
         hi += max(c * bounds[0], c * bounds[1])
-    return lo, hi
+    return (0, -1) if empty else (lo, hi)
 
 
 @dataclass(frozen=True)
@@ -204,7 +210,9 @@ class Projections:
 
     def is_injective(self) -> bool:
         """No two iterations write the same cell of the result: every product iterator (of
-        extent > 1) indexes its own result axis directly."""
+        extent other than 1) indexes its own result axis directly. An iterator of extent 0 that
+        indexes no result axis is an empty reduction: no iteration writes the result, so it is
+        not injective and lowering resets the result to the neutral element."""
         seen: set[Symbol] = set()
         for idx in self.project_lhs:
             if isinstance(idx, Iter) and isinstance(idx.symbol, Symbol):
@@ -213,7 +221,7 @@ class Projections:
                 seen.add(idx.symbol)
             elif isinstance(idx, Affine):
                 return False
-        return all(s in seen for s, n in zip(self.product_iterators, self.product_space) if n > 1)
+        return all(s in seen for s, n in zip(self.product_iterators, self.product_space) if n != 1)
 
     def __str__(self) -> str:
         def idxs(p: tuple[AxisIndex, ...]) -> str:

@@ -344,18 +344,22 @@ def loop(symbol: Symbol, extent: int, body: Stmt) -> For:
 
 
 def iter_stmts(stmt: Stmt) -> Iterator[Stmt]:
-    """``stmt`` and every statement nested in it (also inside local scopes), in program order."""
-    yield stmt
-    match stmt:
-        case For(body=body):
-            yield from iter_stmts(body)
-        case Seq(stmts=stmts):
-            for s in stmts:
-                yield from iter_stmts(s)
-    for e in stmt_exprs(stmt):
-        for sub in iter_exprs(e):
-            if isinstance(sub, LocalScope):
-                yield from iter_stmts(sub.body)
+    """``stmt`` and every statement nested in it (also inside local scopes), in program order.
+
+    Like :func:`iter_exprs`, it keeps its own stack: a recursive generator would cost each item
+    one step per level of nesting, and Python frames."""
+    stack = [stmt]
+    while stack:
+        s = stack.pop()
+        yield s
+        match s:
+            case For(body=body):
+                stack.append(body)
+            case Seq(stmts=stmts):
+                stack.extend(reversed(stmts))
+            case _:
+                bodies = [sub.body for e in stmt_exprs(s) for sub in iter_exprs(e) if isinstance(sub, LocalScope)]
+                stack.extend(reversed(bodies))
 
 
 def stmt_exprs(stmt: Stmt) -> tuple[Expr, ...]:
@@ -370,19 +374,45 @@ def stmt_exprs(stmt: Stmt) -> tuple[Expr, ...]:
 
 def iter_exprs(e: Expr) -> Iterator[Expr]:
     """``e`` and its sub-expressions, pre-order (not entering local scope bodies)."""
-    yield e
-    match e:
-        case Unary(x=x) | Cast(x=x):
-            yield from iter_exprs(x)
-        case Binary(a=a, b=b):
-            yield from iter_exprs(a)
-            yield from iter_exprs(b)
-        case Ternary(a=a, b=b, c=c):
-            yield from iter_exprs(a)
-            yield from iter_exprs(b)
-            yield from iter_exprs(c)
-        case LoadDynamic(position=p):
-            yield from iter_exprs(p)
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        yield x
+        match x:
+            case Unary(x=y) | Cast(x=y) | LoadDynamic(position=y):
+                stack.append(y)
+            case Binary(a=a, b=b):
+                stack.extend((b, a))
+            case Ternary(a=a, b=b, c=c):
+                stack.extend((c, b, a))
+
+
+def nesting(node: Stmt | Expr) -> int:
+    """How many levels of statements and expressions nest in ``node`` (a leaf is 1, each nested
+    statement, sub-expression and local scope body one more): how deep a walker that recurses
+    into them goes. Computed without recursion, so it measures any depth.
+
+    The optimizer keeps it bounded when it inlines (``optimize.INLINE_NESTING_LIMIT``): every
+    walker of the IR recurses, as do C compilers and Python's parser on the emitted code."""
+    deepest = 0
+    stack: list[tuple[Stmt | Expr, int]] = [(node, 1)]
+    while stack:
+        x, depth = stack.pop()
+        deepest = max(deepest, depth)
+        match x:
+            case For(body=body) | LocalScope(body=body):
+                stack.append((body, depth + 1))
+            case Seq(stmts=stmts):
+                stack.extend((s, depth + 1) for s in stmts)
+            case Store() | StoreDynamic() | SetLocal() | Fill():
+                stack.extend((e, depth + 1) for e in stmt_exprs(x))
+            case Unary(x=e) | Cast(x=e) | LoadDynamic(position=e):
+                stack.append((e, depth + 1))
+            case Binary(a=a, b=b):
+                stack.extend(((a, depth + 1), (b, depth + 1)))
+            case Ternary(a=a, b=b, c=c):
+                stack.extend(((a, depth + 1), (b, depth + 1), (c, depth + 1)))
+    return deepest
 
 
 @dataclass(frozen=True)

@@ -402,13 +402,36 @@ def _offset_index(idx: tuple[AxisIndex, ...], strides: list[int]) -> AxisIndex:
 
 
 def _embed(index: AxisIndex, dtype: DType) -> Expr:
-    """The value of ``index`` as a ``dtype`` scalar."""
-    return Cast(EmbedIndex(index), dtype) if dtype.is_float else EmbedIndex(index, dtype)
+    """The value of ``index`` as a ``dtype`` scalar. A float takes it through int64 when a static
+    symbol in it may be bound past int32 (it has no size, or a larger one): bindings are 64-bit,
+    and ``step_n * 1.0`` must not wrap at 2**31."""
+    if not dtype.is_float:
+        return EmbedIndex(index, dtype)
+    terms = ((1, index.symbol),) if isinstance(index, Iter) else index.terms if isinstance(index, Affine) else ()
+    wide = any(isinstance(s, IndexSymbol) and (s.size is None or s.size > 2**31) for _, s in terms)
+    return Cast(EmbedIndex(index, dtypes.int64 if wide else dtypes.INDEX), dtype)
 
 
 def _position(indices: TNode, idx: tuple[AxisIndex, ...]) -> Expr:
-    """The row number read from ``indices`` at ``idx``, as an index-typed integer."""
-    return _convert(Load(indices, idx), dtypes.INDEX)
+    """The row number read from ``indices`` at ``idx``, as an integer the bounds check sees whole:
+    int64 and uint32 rows stay 64-bit (narrowed to int32, ``2**32 + 2`` would read row 2), float
+    rows are tested before they convert (:func:`_float_position`), the others become index-typed
+    integers."""
+    row = Load(indices, idx)
+    if row.dtype.is_float:
+        return _float_position(row)
+    wide = indices.dtype in (dtypes.int64, dtypes.uint32)
+    return _convert(row, dtypes.int64 if wide else dtypes.INDEX)
+
+
+def _float_position(row: Expr) -> Expr:
+    """A float row number truncated toward zero, or -1 when it has no index value: a NaN, an
+    infinity or a value past ``2**31`` would otherwise meet a float-to-integer conversion that C
+    leaves undefined (on x86 it reads row 0). -1 is outside every axis, so every backend's bounds
+    check reports it (docs/semantics.md, "Numerics")."""
+    t = row.dtype
+    convertible = Binary(Binop.AND, Binary(Binop.GT, row, _const(-1, t)), Binary(Binop.LT, row, _const(2**31, t)))
+    return Ternary(Ternop.WHERE, convertible, Cast(row, dtypes.INDEX), _const(-1, dtypes.INDEX))
 
 
 def _check_take(result: TNode, table: TNode, indices: TNode, what: str) -> int:

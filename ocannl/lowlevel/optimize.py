@@ -40,6 +40,7 @@ After a routine that inlined a node runs, ``ctx.get`` of that node raises an err
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any, Callable, Collection, Iterable, Iterator
@@ -75,6 +76,7 @@ from ocannl.lowlevel.ir import (
     Unary,
     iter_exprs,
     iter_stmts,
+    nesting,
     seq,
     stmt_exprs,
 )
@@ -501,40 +503,143 @@ def virtualize(routine: RoutineIR, keep: Collection[TNode]) -> RoutineIR:
     by ``J`` (their loops disappear), other loops renamed, ``n[I] := v`` turned into
     ``local := v`` and reads of ``n[I]`` into the local: the same operations in the same order,
     so the same bits. The producer statements are removed.
+
+    One more condition bounds the result: the producer and a statement reading the node nest no
+    deeper than :data:`INLINE_NESTING_LIMIT` together (:func:`~ocannl.lowlevel.ir.nesting`). A
+    chain of thousands of pointwise ops thus keeps one node in every few dozen in a buffer,
+    instead of growing one expression as deep as the chain.
+
+    Nodes are decided once each, in the order of their first write; a decision sees the inlining
+    done before it. Each top-level statement is traced once, and again only when a node is
+    inlined into it, so the pass takes time linear in the routine (not one trace per node).
     """
-    statements = list(top_level(routine.body))
-    rejected: set[TNode] = set()
+    state = _Virtualization(top_level(routine.body))
     changed = False
-    while True:
-        t = trace_statements(statements)
-        plan = None
-        for node in sorted(t.nodes, key=lambda n: t.nodes[n].writer_positions[:1] or (len(statements),)):
-            if node in rejected:
-                continue
-            found = _plan(t, node, keep)
-            if isinstance(found, _Plan):
-                plan = found
-                break
-            rejected.add(node)
-        if plan is None:
-            break
-        statements = _inline(statements, plan)
-        changed = True
-    return _with_body(routine, _seq(statements)) if changed else routine
+    for node in state.nodes_by_first_write():
+        plan = _plan(state, node, keep)
+        if isinstance(plan, _Plan):
+            state.inline(plan)
+            changed = True
+    return _with_body(routine, _seq(state.remaining())) if changed else routine
+
+
+INLINE_NESTING_LIMIT = 64
+"""The deepest nesting (:func:`~ocannl.lowlevel.ir.nesting`) that inlining may create in a
+statement. Every walker of the loop IR recurses into sub-expressions (the passes here, the
+printer, the emitters, the interpreter), and C compilers and Python's parser have nesting limits
+of their own: a bound here bounds them all, however deep the tensor graph. 64 levels is about 20
+chained binary ops in one expression, well within every one of them, and about three times what
+the layers of an MLP reach."""
 
 
 def virtualization_obstacle(routine: RoutineIR, node: TNode, keep: Collection[TNode] = ()) -> str | None:
     """Why ``node`` cannot be inlined in ``routine`` as it is, or ``None`` if it can."""
-    found = _plan(trace(routine), node, keep)
+    found = _plan(_Virtualization(top_level(routine.body)), node, keep)
     return None if isinstance(found, _Plan) else found
 
 
-def _plan(t: Trace, node: TNode, keep: Collection[TNode]) -> _Plan | str:
-    nt = t.nodes.get(node)
+class _Virtualization:
+    """The top-level statements of a routine during :func:`virtualize`, each traced on its own.
+
+    Positions are those of the original statements: a statement that inlining rewrites keeps
+    its position (its accesses are traced again), a removed producer leaves ``None``. A node's
+    trace is assembled from the statements that access it, so asking about one node costs time
+    in its own accesses, not in the routine."""
+
+    def __init__(self, statements: Iterable[Stmt]):
+        self.statements: list[Stmt | None] = list(statements)
+        self.extents: dict[Symbol, int] = {}
+        self._events: list[dict[TNode, list[tuple[bool, Access]]]] = [{} for _ in self.statements]
+        self._nesting: list[int] = [0] * len(self.statements)
+        self._accessed_at: dict[TNode, set[int]] = {}
+        """Node -> the positions of the statements that read or write it."""
+        for position in range(len(self.statements)):
+            self._trace(position)
+        self._written_at: dict[TNode, list[int]] = {
+            node: sorted(p for p in positions if any(w for w, _ in self._events[p][node]))
+            for node, positions in self._accessed_at.items()
+        }
+        """Node -> the sorted positions of the statements that write it. Inlining never moves a
+        write: a producer writes only the node it computes, which disappears with it."""
+
+    def _trace(self, position: int) -> None:
+        stmt = self.statements[position]
+        if stmt is None:
+            return
+        tracer = _Tracer()
+        tracer.extents = self.extents
+        tracer.stmt(stmt, position, ())
+        self._events[position] = tracer.events
+        self._nesting[position] = nesting(stmt)
+        for node in tracer.events:
+            self._accessed_at.setdefault(node, set()).add(position)
+
+    def _replace(self, position: int, stmt: Stmt | None) -> None:
+        for node in self._events[position]:
+            self._accessed_at[node].discard(position)
+        self._events[position] = {}
+        self.statements[position] = stmt
+        self._trace(position)
+
+    def nodes_by_first_write(self) -> list[TNode]:
+        """The nodes the routine writes, in the order of their first write (first access for
+        ties). Inlining never moves a write, so the order holds throughout the pass."""
+        written = [n for n, ps in self._written_at.items() if ps]
+        return sorted(written, key=lambda n: self._written_at[n][0])
+
+    def node_trace(self, node: TNode) -> NodeTrace | None:
+        positions = sorted(self._accessed_at.get(node, ()))
+        if not positions:
+            return None
+        events = [event for p in positions for event in self._events[p][node]]
+        nt = NodeTrace(node, read_before_write=_read_before_write(node, events, self.extents))
+        for is_write, access in events:
+            (nt.writes if is_write else nt.reads).append(access)
+        return nt
+
+    def written_between(self, nodes: Iterable[TNode], first: int, last: int, excluded: Collection[int]) -> bool:
+        """Whether a statement at a position in ``[first, last]``, other than ``excluded``,
+        writes one of ``nodes``."""
+        for node in nodes:
+            positions = self._written_at.get(node, [])
+            for p in positions[bisect.bisect_left(positions, first):bisect.bisect_right(positions, last)]:
+                if p not in excluded and self.statements[p] is not None:
+                    return True
+        return False
+
+    def nesting(self, position: int) -> int:
+        return self._nesting[position]
+
+    def read_at(self, position: int) -> set[TNode]:
+        """The nodes the statement at ``position`` reads (as :func:`_loads`, from its trace)."""
+        return {n for n, events in self._events[position].items() if not all(w for w, _ in events)}
+
+    def written_at(self, position: int) -> set[TNode]:
+        """The nodes the statement at ``position`` writes (as :func:`_stores`, from its trace)."""
+        return {n for n, events in self._events[position].items() if any(w for w, _ in events)}
+
+    def inline(self, plan: _Plan) -> None:
+        """Replace every read of the plan's node by its computation, and drop its producer."""
+        producers = [self.statements[p] for p in plan.producers]
+        readers = sorted(self._accessed_at[plan.node] - set(plan.producers))
+        for position in readers:
+            stmt = self.statements[position]
+            assert stmt is not None
+            self._replace(position, _InlineReads(plan, producers).stmt(stmt))
+        for position in plan.producers:
+            self._replace(position, None)
+        del self._written_at[plan.node]
+
+    def remaining(self) -> list[Stmt]:
+        return [s for s in self.statements if s is not None]
+
+
+def _plan(t: _Virtualization, node: TNode, keep: Collection[TNode]) -> _Plan | str:
     if node in keep:
         return "it must stay materialized (kept)"
     if not node.dtype.is_compute_type or node.dtype is dtypes.uint4x32:
         return f"its type {node.dtype.name} is rounded on store or is not a scalar"
+    nt = t.node_trace(node)
     if nt is None or not nt.writes:
         return "the routine does not write it"
     if nt.read_before_write:
@@ -545,7 +650,7 @@ def _plan(t: Trace, node: TNode, keep: Collection[TNode]) -> _Plan | str:
         return "a store to it may fall outside its cells"
     producers = nt.writer_positions
     for p in producers:
-        if _stores(t.statements[p]) != {node}:
+        if t.written_at(p) != {node}:
             return "a statement writing it writes other nodes too"
     patterns = nt.store_patterns
     if len(patterns) > 1:
@@ -576,11 +681,10 @@ def _plan(t: Trace, node: TNode, keep: Collection[TNode]) -> _Plan | str:
             uses.append(r)
     if not uses:
         return "it is not read after it is written (an output)"
+    last_use = max(r.position for r in uses)
     for p in producers:
-        sources = _loads(t.statements[p]) - {node}
-        for q in range(p + 1, max(r.position for r in uses) + 1):
-            if q not in producers and _stores(t.statements[q]) & sources:
-                return "what it is computed from is overwritten before it is read"
+        if t.written_between(t.read_at(p) - {node}, p + 1, last_use, producers):
+            return "what it is computed from is overwritten before it is read"
     if not _cheap(node, [t.statements[p] for p in producers]):
         if len({r.position for r in uses}) > 1:
             return "several statements read it (each would compute it again)"
@@ -588,6 +692,10 @@ def _plan(t: Trace, node: TNode, keep: Collection[TNode]) -> _Plan | str:
             return "it is read at several indices (each would compute it again)"
         if not all(_injective(r.indices or (), r.loops) for r in uses):
             return "a read reaches a cell more than once (a broadcast would compute it again)"
+    depth = max(t.nesting(p) for p in producers) + max(t.nesting(r.position) for r in uses)
+    if depth > INLINE_NESTING_LIMIT:
+        return (f"inlined, its computation would nest {depth} levels deep, more than "
+                f"INLINE_NESTING_LIMIT = {INLINE_NESTING_LIMIT}")
     return _Plan(node, producers, pattern, bound)
 
 
@@ -641,17 +749,6 @@ def _index_symbols(idx: AxisIndex) -> tuple[AnySymbol, ...]:
     if isinstance(idx, Affine):
         return tuple(s for c, s in idx.terms if c)
     return ()
-
-
-def _inline(statements: list[Stmt], plan: _Plan) -> list[Stmt]:
-    producers = [statements[p] for p in plan.producers]
-    last = plan.producers[-1]
-    out: list[Stmt] = []
-    for position, s in enumerate(statements):
-        if position in plan.producers:
-            continue
-        out.append(_InlineReads(plan, producers).stmt(s) if position > last else s)
-    return out
 
 
 class _InlineReads(_Rewriter):
@@ -1013,15 +1110,20 @@ class _CSE(_Rewriter):
         done: list[Stmt] = []
         for s in stmts:
             done.extend(top_level(self.stmt(s) if isinstance(s, For) else self.rebuild_stmt(s)))
+        keys, sizes = _KeyCache(), {}
         while True:
-            hoisted = self.hoist_one(done)
+            hoisted = self.hoist_one(done, keys, sizes)
             if hoisted is None:
                 return done
             done = hoisted
 
-    def hoist_one(self, stmts: list[Stmt]) -> list[Stmt] | None:
+    def hoist_one(
+        self, stmts: list[Stmt], keys: _KeyCache, sizes: dict[int, tuple[Expr, int]]
+    ) -> list[Stmt] | None:
+        """The statements with the largest hoistable repeated expression computed once, or
+        ``None``. ``keys`` and ``sizes`` carry what earlier rounds learned about unchanged
+        sub-expressions."""
         occurrences: dict[Any, list[tuple[int, Expr]]] = {}
-        keys = _KeyCache()
         for position, s in enumerate(stmts):
             if not isinstance(s, (Store, StoreDynamic, SetLocal)):
                 continue
@@ -1031,7 +1133,7 @@ class _CSE(_Rewriter):
                         occurrences.setdefault(keys.key(sub), []).append((position, sub))
         candidates = sorted(
             ((k, occ) for k, occ in occurrences.items() if len(occ) >= 2),
-            key=lambda item: -_size(item[1][0][1]),
+            key=lambda item: -_size(item[1][0][1], sizes),
         )
         for key, occ in candidates:
             users = sorted({p for p, _ in occ})
@@ -1063,67 +1165,99 @@ class _CSE(_Rewriter):
 
 def _unconditional(e: Expr) -> Iterator[Expr]:
     """``e`` and the sub-expressions evaluated whenever ``e`` is (not a ``where`` branch, not a
-    local scope's body)."""
-    yield e
-    if isinstance(e, Ternary) and e.op is Ternop.WHERE:
-        yield from _unconditional(e.a)
-        return
-    for child in _child_exprs(e):
-        yield from _unconditional(child)
+    local scope's body), pre-order."""
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        yield x
+        if isinstance(x, Ternary) and x.op is Ternop.WHERE:
+            stack.append(x.a)
+        else:
+            stack.extend(reversed(_child_exprs(x)))
 
 
 def _worth_caching(e: Expr) -> bool:
     return isinstance(e, (Unary, Binary, Ternary, Cast, LoadDynamic, LocalScope)) and e.dtype is not dtypes.uint4x32
 
 
-def _size(e: Expr) -> int:
-    probe = SetLocal(Local(e.dtype), e)
-    return sum(1 for s in iter_stmts(probe) for x in stmt_exprs(s) for _ in iter_exprs(x)) + sum(
-        1 for _ in iter_stmts(probe)
-    )
+def _size(e: Expr, known: dict[int, tuple[Expr, int]] | None = None) -> int:
+    """The number of expressions and statements in ``e`` (local scope bodies included), plus
+    one. ``known`` remembers the sizes of sub-expressions (``id -> (expr, size)``), so sizing
+    every sub-expression of a statement costs time linear in it."""
+    known = {} if known is None else known
+
+    def size(x: Expr) -> int:
+        hit = known.get(id(x))
+        if hit is not None and hit[0] is x:
+            return hit[1]
+        n = 1 + sum(size(c) for c in _child_exprs(x))
+        if isinstance(x, LocalScope):
+            n += sum(1 + sum(1 for y in stmt_exprs(s) for _ in iter_exprs(y)) for s in iter_stmts(x.body))
+        known[id(x)] = (x, n)
+        return n
+
+    return size(e) + 1
 
 
 class _KeyCache:
     """Alpha-equivalence keys: two expressions have equal keys when they are equal up to a
-    bijective renaming of the locals and loop symbols they bind (spec/backend.md §5.7)."""
+    bijective renaming of the locals and loop symbols they bind (spec/backend.md §5.7).
+
+    A key is a small integer: each distinct structure is numbered once, so hashing and comparing
+    keys costs the same for any size of expression. The key of an IR node computed with nothing
+    bound around it depends on the node alone; it is remembered, so keying every sub-expression
+    of a statement (as CSE does) costs time linear in the statement, not in its size times its
+    depth."""
 
     def __init__(self) -> None:
-        self._cache: dict[int, tuple[Expr, Any]] = {}
+        self.known: dict[int, tuple[Any, int]] = {}
+        """``id(node) -> (node, key)`` for the nodes keyed with nothing bound around them."""
+        self._numbers: dict[Any, int] = {}
 
-    def key(self, e: Expr) -> Any:
-        hit = self._cache.get(id(e))
-        if hit is not None and hit[0] is e:
-            return hit[1]
-        k = _Keyer().key(e)
-        self._cache[id(e)] = (e, k)
-        return k
+    def key(self, e: Expr) -> int:
+        return _Keyer(self).key(e)
+
+    def number(self, structure: Any) -> int:
+        return self._numbers.setdefault(structure, len(self._numbers))
 
 
 class _Keyer:
-    def __init__(self) -> None:
+    def __init__(self, cache: _KeyCache) -> None:
+        self.cache = cache
         self.bound: dict[Any, int] = {}
 
     def key(self, x: Any) -> Any:
+        if self.bound or not is_dataclass(x) or isinstance(x, type):
+            return self.structure(x)
+        hit = self.cache.known.get(id(x))
+        if hit is not None and hit[0] is x:
+            return hit[1]
+        k = self.structure(x)
+        self.cache.known[id(x)] = (x, k)
+        return k
+
+    def structure(self, x: Any) -> Any:
+        number = self.cache.number
         match x:
             case LocalScope(local=local, body=body):
                 self.bound.setdefault(local, len(self.bound))
-                return ("LocalScope", self.key(local), self.key(body))
+                return number(("LocalScope", self.key(local), self.key(body)))
             case For(symbol=symbol, extent=extent, body=body, kind=kind):
                 self.bound.setdefault(symbol, len(self.bound))
-                return ("For", self.key(symbol), extent, kind, self.key(body))
+                return number(("For", self.key(symbol), extent, kind, self.key(body)))
             case DeclareLocal(local=local):
                 self.bound.setdefault(local, len(self.bound))
-                return ("DeclareLocal", self.key(local))
+                return number(("DeclareLocal", self.key(local)))
             case Local() | Symbol():
                 return ("bound", self.bound[x]) if x in self.bound else ("free", x)
             case float():
                 return ("float", x.hex() if not math.isnan(x) else "nan")
             case tuple():
-                return tuple(self.key(y) for y in x)
+                return number(tuple(self.key(y) for y in x))
             case DType() | TNode() | IndexSymbol():
                 return x
         if is_dataclass(x) and not isinstance(x, type):
-            return (type(x).__name__,) + tuple(self.key(getattr(x, f.name)) for f in fields(x))
+            return number((type(x).__name__,) + tuple(self.key(getattr(x, f.name)) for f in fields(x)))
         return x
 
 

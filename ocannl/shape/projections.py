@@ -12,8 +12,10 @@ lists of *axis terms*, one per axis in memory order (batch, output, input):
   axes).
 
 :func:`derive_projections` turns such a layout into :class:`~ocannl.lowlevel.indexing.Projections`:
-one product-space loop per distinct key whose size is above 1, in order of first occurrence
-(result slot first), so a key absent from the result is a reduction (spec/frontend.md §1.9).
+one product-space loop per distinct key whose size is not 1, in order of first occurrence
+(result slot first), so a key absent from the result is a reduction (spec/frontend.md §1.9). A
+size-1 axis is the fixed index 0; a size-0 axis is a loop that runs no iteration, so a sum over it
+is 0 and a result with it has no cells (docs/semantics.md, "Numerics").
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ def derive_projections(slots: list[list[Term]], dims: list[tuple[int, ...]], deb
         known = sizes.get(loop.key)
         if known is not None and known != loop.size:
             raise ShapeError(f"{debug}: conflicting sizes {known} and {loop.size} for the same loop")
-        if loop.size <= 1:
+        if loop.size == 1:
             sizes[loop.key] = loop.size
             return None
         if loop.key not in iterators:

@@ -653,7 +653,7 @@ def test_concurrent_processes_share_one_cache_entry(tmp_path):
     assert len({out for out, _ in results}) == 1
     assert results[0][0].strip() == "[[0.0, 0.0, 1.0], [3.0, 5.0, 7.0]]"
     entries = sorted(p.name for p in (tmp_path / "c").iterdir() if p.is_file())
-    assert len(entries) == 1 and entries[0].endswith(".so"), entries
+    assert len(entries) == 2 and entries[0].endswith(".so") and entries[1] == entries[0] + ".sha256", entries
     assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
 
 

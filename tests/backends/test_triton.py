@@ -52,6 +52,7 @@ def routines_of(build) -> list:
     """The loop IR of every routine compiling ``build()`` makes (init routines included)."""
     session.reset()
     ctx = Context("interp")
+    ctx.backend.tree_sums = True  # the IR the Triton backend gets: long sums stay unblocked
     irs = []
     compile_ir = ctx.backend.compile
     ctx.backend.compile = lambda ir: (irs.append(ir), compile_ir(ir))[1]

@@ -1,5 +1,6 @@
 """The ``c`` backend: a routine's C source (emit.py), compiled into the kernel cache
-(compiler.py), loaded with ctypes and called on the context's numpy arrays in place.
+(compiler.py), loaded with ctypes and called on the context's numpy arrays in place; the library
+is unloaded when the executable is garbage-collected (ocannl/backends/shared_library.py).
 
 OpenMP threads sleep between parallel loops (``OMP_WAIT_POLICY=PASSIVE`` unless the environment
 says otherwise): spinning threads would compete with numpy's and torch's own thread pools. As
@@ -17,7 +18,8 @@ import numpy as np
 
 from ocannl.backends.c.compiler import compile_shared, toolchain
 from ocannl.backends.c.emit import CSource, emit_c
-from ocannl.errors import BackendUnavailable, IndexBindingError, OutOfBoundsError
+from ocannl.backends.shared_library import SharedLibrary
+from ocannl.errors import BackendUnavailable, OutOfBoundsError
 from ocannl.lowlevel.indexing import IndexSymbol
 from ocannl.lowlevel.ir import RoutineIR
 from ocannl.lowlevel.tnode import TNode
@@ -51,26 +53,24 @@ class CExecutable:
         self.source = source
         self.debug_files = {".c": source.text}
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read when libgomp loads
-        self._library = ctypes.CDLL(str(library))
-        self._function = getattr(self._library, source.function)
-        self._function.restype = ctypes.c_int
-        self._function.argtypes = [ctypes.c_void_p] * len(source.nodes) + [ctypes.c_int] * len(source.symbols)
+        # The only reference to the library's code: unmapped when this executable is collected.
+        # Called through its packed entry (emit.py): buffers and symbols as two arrays, since a
+        # ctypes call takes at most 1024 arguments.
+        self._function = SharedLibrary(library, "the C compiler").function(
+            source.entry, ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p])
         self._sizes = [n.size * n.dtype.lanes for n in source.nodes]
         self._checked: list[np.ndarray] | None = None
-        self._addresses: list[int] = []
+        self._addresses = (ctypes.c_void_p * len(source.nodes))()
+        self._symbols = (ctypes.c_int64 * len(source.symbols))()
 
     def run(self, buffers: Mapping[TNode, np.ndarray], bindings: Mapping[IndexSymbol, int]) -> None:
         arrays = [buffers[node] for node in self.source.nodes]
         if self._checked is None or any(a is not b for a, b in zip(arrays, self._checked)):
-            self._addresses = self._check_buffers(arrays)
+            self._addresses[:] = self._check_buffers(arrays)
             self._checked = arrays  # the same arrays next run: their addresses stay valid
-        args = list(self._addresses)
-        for symbol in self.source.symbols:
-            value = int(bindings[symbol])
-            if value < 0 or (symbol.size is not None and value >= symbol.size):
-                raise IndexBindingError(f"index symbol {symbol.name} = {value} is outside [0, {symbol.size})")
-            args.append(value)
-        status = self._function(*args)
+        # Bindings were checked by Routine.run (base.check_binding): each fits in 64 bits.
+        self._symbols[:] = [bindings[symbol] for symbol in self.source.symbols]
+        status = self._function(self._addresses, self._symbols)
         if status:
             site = self.source.sites[status - 1]
             if site.kind == "division":

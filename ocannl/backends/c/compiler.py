@@ -1,13 +1,13 @@
-"""Finding the C compiler, its flags, and the on-disk kernel cache (spec/backend.md §7.3,
-shared/DESIGN.md §5).
+"""Finding the C compiler and its flags, and building C sources into the kernel cache.
 
 **Compiler.** ``CC`` (a command line, e.g. ``"ccache gcc"``) when set, else the first of ``cc``,
 ``gcc``, ``clang`` on ``PATH``.
 
-**Flags.** The default is deterministic: ``-O3 -ffp-contract=off -fno-math-errno -fwrapv -shared
+**Flags.** The default is deterministic: ``-O2 -ffp-contract=off -fno-math-errno -fwrapv -shared
 -fPIC`` computes the interpreter's bits (no fused multiply-add the IR did not ask for, integer
 overflow wraps as the interpreter's does; ``-fno-math-errno`` only lets ``sqrtf`` be one
-instruction). ``-ffast-math`` is never used: it reassociates sums. The fast setting,
+instruction; ``-fno-builtin-pow -fno-builtin-powf`` keep ``pow`` the C library's: GCC's
+vectorizer otherwise computes ``pow(x, 0.5)`` as ``sqrt(x)``, which differs at -0.0 and -inf). ``-ffast-math`` is never used: it reassociates sums. The fast setting,
 ``OCANNL_C_FAST=1`` (or ``c_fast=1`` in ``ocannl_config``), adds ``-march=native
 -ffp-contract=fast``: multiply-adds fuse, so float results may differ from the interpreter in
 the last bits, and the kernels only run on CPUs like this one. ``-fopenmp`` is added when the
@@ -16,31 +16,41 @@ only on loops whose iterations write disjoint cells (codegen.py), so results do 
 thread count (``OMP_NUM_THREADS``).
 
 **Cache.** A compiled kernel is ``<cache>/c/<key>.so`` (the compiler checks' own in
-``<cache>/c/probes/``), where ``<cache>`` is ``OCANNL_CACHE_DIR``
-(or ``cache_dir`` in ``ocannl_config``), else ``$XDG_CACHE_HOME/ocannl``, else
-``~/.cache/ocannl``, and ``key = sha256(source, compiler path and version, flags)``. A compilation
-writes a temporary file in the same directory and renames it into place (``os.replace``), so
-concurrent processes compiling the same routine never load a half-written file; the last rename
-wins, with identical contents. Deleting the directory is always safe.
+``<cache>/c/probes/``), ``key = sha256(source, compiler path and version, flags)``; where
+``<cache>`` is, who may write it and how each library is verified before it is loaded is
+``ocannl/backends/cache.py``.
+
+**Probe.** A toolchain is accepted once it has built a tiny library that loads and computes the
+right value (a command that exits 0 without compiling, like ``CC=true``, is refused). The result
+is remembered per setting: the compiler command, the identity of its executable (reinstalling it
+retries), fast mode, OpenMP and the cache directory; a compiler that is not found is looked for
+again on every use.
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import platform
 import shlex
 import shutil
 import subprocess
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from ocannl import config
-from ocannl.errors import BackendUnavailable, OcannlError
+from ocannl.backends import cache
+from ocannl.backends.cache import CacheError, build_atomically
+from ocannl.backends.shared_library import SharedLibrary
+from ocannl.errors import BackendUnavailable, CompileError
 
-BASE_FLAGS = ("-O3", "-ffp-contract=off", "-fno-math-errno", "-fwrapv")
+BASE_FLAGS = ("-O2", "-ffp-contract=off", "-fno-math-errno", "-fwrapv", "-fno-builtin-pow", "-fno-builtin-powf")
+"""``-O2``, not ``-O3``: the kernels run as fast (the register-tiled contractions are already
+unrolled by hand; GCC 12's ``-O2`` vectorizes too), while ``-O3`` peels and unrolls every loop
+with a small constant trip count, which makes compiling a training routine several times slower
+(the figures are in the README, "C compile time")."""
 FAST_FLAGS = ("-march=native", "-ffp-contract=fast")
 LINK_FLAGS = ("-shared", "-fPIC")
 CANDIDATES = ("cc", "gcc", "clang")
@@ -49,10 +59,6 @@ FIX = (
     "install a C compiler (e.g. `apt install gcc`, `xcode-select --install`) or point CC at one; "
     "meanwhile OCANNL_BACKEND=interp runs everything in the interpreter"
 )
-
-
-class CompileError(OcannlError):
-    """The C compiler rejected a generated source (a bug in ocannl: please report it)."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,9 @@ class Toolchain:
 
 _lock = threading.Lock()
 _toolchains: dict[tuple, Toolchain | BackendUnavailable] = {}
+_probe_libraries: list[SharedLibrary] = []
+"""The probes' libraries stay loaded: the OpenMP one keeps the OpenMP runtime mapped, whose idle
+threads would otherwise lose their code when the last kernel using it is unloaded."""
 
 
 def find_compiler() -> tuple[str, ...]:
@@ -96,14 +105,17 @@ def fast_mode() -> bool:
 
 def toolchain() -> Toolchain:
     """The compiler and flags for the current settings, probed once per process per setting
-    (``CC``, ``PATH``, fast mode, OpenMP); :class:`BackendUnavailable` when none works."""
+    (module docstring); :class:`BackendUnavailable` when none works."""
     fast, openmp = fast_mode(), config.flag("c_openmp", default=True)
-    key = (os.environ.get("CC"), os.environ.get("PATH"), fast, openmp, str(cache_dir()))
+    command = find_compiler()
+    key = (command, executable_identity(command[0]), fast, openmp, str(cache.root()))
     with _lock:
         found = _toolchains.get(key)
         if found is None:
             try:
-                found = _probe(fast, openmp)
+                found = _probe(command, fast, openmp)
+            except CacheError:
+                raise  # about the cache, not the compiler: not remembered
             except BackendUnavailable as e:
                 found = e
             _toolchains[key] = found
@@ -112,14 +124,34 @@ def toolchain() -> Toolchain:
     return found
 
 
-def _probe(fast: bool, openmp: bool) -> Toolchain:
-    command = find_compiler()
+def executable_identity(name: str) -> tuple:
+    """The resolved path of executable ``name`` and its file's identity: a compiler replaced or
+    installed under the same name is a new setting."""
+    path = shutil.which(name)
+    if path is None:
+        return (name,)
+    try:
+        info = os.stat(path)
+    except OSError:
+        return (path,)
+    return path, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
+
+
+PROBE = "int ocannl_probe(int x) { return 3 * x + 1; }\n"
+OPENMP_PROBE = (
+    "int ocannl_probe(int n) {\n  int s = 0;\n#pragma omp parallel for reduction(+:s)\n"
+    "  for (int i = 0; i < n; ++i) s += i;\n  return s;\n}\n"
+)
+
+
+def _probe(command: tuple[str, ...], fast: bool, openmp: bool) -> Toolchain:
+    name = " ".join(command)
     try:
         result = subprocess.run([*command, "--version"], capture_output=True, text=True, timeout=60)
-    except OSError as e:
-        raise BackendUnavailable(f"the C compiler {' '.join(command)} cannot run ({e}): {FIX}") from None
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise BackendUnavailable(f"the C compiler {name} cannot run ({e}): {FIX}") from None
     if result.returncode != 0:
-        raise BackendUnavailable(f"`{' '.join(command)} --version` failed: {result.stderr.strip()[:200]}; {FIX}")
+        raise BackendUnavailable(f"`{name} --version` failed: {result.stderr.strip()[:200]}; {FIX}")
     version = result.stdout.strip()
     if fast:  # -march=native code runs only on CPUs like this one: key the cache by the CPU
         version += "\n" + _cpu_identity()
@@ -127,18 +159,28 @@ def _probe(fast: bool, openmp: bool) -> Toolchain:
     path = shutil.which(command[0]) or command[0]
     plain = Toolchain(command, path, version, flags, False, fast)
     try:
-        compile_shared("int ocannl_probe(void) { return 0; }\n", plain, kind="probes")
+        _check_probe(plain, PROBE, 13, 40)
     except CompileError as e:
-        raise BackendUnavailable(f"the C compiler {' '.join(command)} cannot build shared libraries: {e}; {FIX}") from None
+        raise BackendUnavailable(f"the C compiler {name} cannot build working shared libraries: {e}; {FIX}") from None
     if not openmp:
         return plain
     with_openmp = Toolchain(command, path, version, flags + ("-fopenmp",), True, fast)
-    probe = "int ocannl_probe(int n) {\n  int s = 0;\n#pragma omp parallel for reduction(+:s)\n  for (int i = 0; i < n; ++i) s += i;\n  return s;\n}\n"
     try:
-        compile_shared(probe, with_openmp, kind="probes")
+        _check_probe(with_openmp, OPENMP_PROBE, 100, 4950)
     except CompileError:
         return plain
     return with_openmp
+
+
+def _check_probe(tc: Toolchain, source: str, argument: int, expected: int) -> None:
+    """Builds ``source`` with ``tc``, loads it and checks ``ocannl_probe(argument)``."""
+    if tc.openmp:  # read once, when the OpenMP runtime loads: this probe loads it first (backend.py)
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    library = SharedLibrary(compile_shared(source, tc, kind="probes"), f"the C compiler {' '.join(tc.command)}")
+    got = library.function("ocannl_probe", ctypes.c_int, [ctypes.c_int])(argument)
+    if got != expected:
+        raise CompileError(f"its probe library {library.path} computed ocannl_probe({argument}) = {got}, not {expected}")
+    _probe_libraries.append(library)
 
 
 def _cpu_identity() -> str:
@@ -151,15 +193,6 @@ def _cpu_identity() -> str:
     return platform.processor() or platform.machine()
 
 
-def cache_dir() -> Path:
-    """Where compiled kernels live (see the module docstring)."""
-    configured = config.get("cache_dir")
-    if configured:
-        return Path(configured).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "ocannl"
-
-
 def cache_key(source: str, tc: Toolchain) -> str:
     h = hashlib.sha256()
     for part in (source, tc.path, " ".join(tc.command), tc.version, " ".join(tc.flags + LINK_FLAGS)):
@@ -168,40 +201,13 @@ def cache_key(source: str, tc: Toolchain) -> str:
     return h.hexdigest()
 
 
-def build_atomically(cmd: list[str], source: str | None, target: Path, compiler: str) -> None:
-    """Runs ``cmd`` (``source`` on its standard input), which writes its output where ``{tmp}``
-    stands: a temporary file beside ``target``, renamed to ``target`` only once complete, so a
-    concurrent process never loads a half-written file (the cache of every compiled backend)."""
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem[:16]}-", suffix=".tmp")
-    os.close(fd)
-    try:
-        cmd = [tmp if part == "{tmp}" else part for part in cmd]
-        result = subprocess.run(cmd, input=source, capture_output=True, text=True, timeout=600)
-        if result.returncode != 0:
-            raise CompileError(
-                f"`{shlex.join(cmd)}` failed with exit code {result.returncode}:\n{result.stderr.strip()[:6000]}"
-            )
-        os.replace(tmp, target)
-    except OSError as e:
-        raise CompileError(f"running {compiler} failed: {e}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def compile_shared(source: str, tc: Toolchain, *, kind: str = "") -> Path:
-    """The shared library built from ``source``: from the cache, or compiled into it (into the
-    subdirectory ``kind`` of ``<cache>/c``, e.g. ``probes`` for the compiler checks)."""
-    directory = cache_dir() / "c" / kind if kind else cache_dir() / "c"
+    """The shared library built from ``source``: from the cache when its digest checks, else
+    compiled into it (into the subdirectory ``kind`` of ``<cache>/c``, e.g. ``probes`` for the
+    compiler checks)."""
+    directory = cache.directory("c", kind) if kind else cache.directory("c")
     target = directory / f"{cache_key(source, tc)}.so"
-    if target.exists():
-        return target
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise BackendUnavailable(
-            f"cannot create the kernel cache {directory} ({e}): set OCANNL_CACHE_DIR to a writable directory"
-        ) from None
-    build_atomically([*tc.command, "-x", "c", "-", *tc.flags, *LINK_FLAGS, "-o", "{tmp}", "-lm"], source, target,
-                     f"the C compiler {' '.join(tc.command)}")
+    if not cache.verified(target):
+        build_atomically([*tc.command, "-x", "c", "-", *tc.flags, *LINK_FLAGS, "-o", "{tmp}", "-lm"], source, target,
+                         f"the C compiler {' '.join(tc.command)}")
     return target

@@ -7,7 +7,8 @@ with ``-ffp-contract=off``, so no fused multiply-add appears that the IR did not
 inline functions with the interpreter's NaN and signed-zero rules (``fmaxf`` leaves the sign of a
 zero result unspecified); integer ``div``/``mod`` check for a zero divisor. The transcendental
 functions are the C library's ``expf``, ``logf``...: they agree with the interpreter (numpy) to
-within an ulp or two, not always bit for bit.
+within ``scalar_ops.LIBM_MAX_ULPS`` ulps, not always bit for bit; ``pow`` is the C library's
+``powf``/``pow`` as in the interpreter, bit for bit (docs/semantics.md, "Numerics").
 
 Storage formats: float16 is ``_Float16`` where the compiler has it, else ``uint16_t`` bit
 patterns with software conversions (round to nearest even, numpy's NaN handling); bfloat16 is
@@ -277,7 +278,12 @@ def _threefry() -> str:
     ``prng_reference.py``, which is checked against Random123's known answers)."""
     rotations = ", ".join(f"{{{a}, {b}}}" for a, b in ROTATIONS)
     return f"""static inline uint32_t ocannl_rotl32(uint32_t x, int r) {{ return (x << r) | (x >> (32 - r)); }}
-static inline uint4x32_t ocannl_threefry4x32(uint4x32_t key, uint4x32_t counter) {{
+/* Out of line: each loop nest drawing random bits calls this one copy, where an inlined copy per
+   nest would cost the C compiler more than the call costs at run time. */
+#if defined(__GNUC__)
+__attribute__((noinline))
+#endif
+static uint4x32_t ocannl_threefry4x32(uint4x32_t key, uint4x32_t counter) {{
   static const int rot[8][2] = {{{rotations}}};
   const uint32_t ks[5] = {{key.v[0], key.v[1], key.v[2], key.v[3],
                           key.v[0] ^ key.v[1] ^ key.v[2] ^ key.v[3] ^ 0x{KEY_SCHEDULE_PARITY:X}u}};

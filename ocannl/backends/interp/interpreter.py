@@ -24,11 +24,13 @@ import math
 import operator
 import struct
 from fractions import Fraction
-from typing import Any, Callable, Mapping
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
-from ocannl.errors import IndexBindingError, OutOfBoundsError
+from ocannl import config
+from ocannl.errors import IndexBindingError, OcannlError, OutOfBoundsError
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.dtypes import DType, DTypeError
 from ocannl.lowlevel.indexing import Affine, AxisIndex, Fixed, IndexSymbol, Iter, Symbol, index_bounds
@@ -66,16 +68,33 @@ from ocannl.lowlevel.tnode import TNode
 Thunk = Callable[[], Any]
 
 
+INTERP_MODES = ("vectorized", "scalar")
+
+
 class InterpBackend:
-    """The ``interp`` backend (registered in ``ocannl.backends.base``)."""
+    """The ``interp`` backend (registered in ``ocannl.backends.base``). ``interp_mode`` (else
+    the ``interp_mode`` setting, ``OCANNL_INTERP_MODE``) picks ``vectorized`` (the default: whole
+    loop nests as numpy operations, bit for bit the scalar results; ``vectorized.py``) or
+    ``scalar`` (this module's literal walk, one cell at a time: the executable semantics)."""
 
     name = "interp"
 
+    def __init__(self, interp_mode: str | None = None):
+        mode = config.get("interp_mode", interp_mode, "vectorized").strip().lower()
+        if mode not in INTERP_MODES:
+            source = "the interp_mode option" if interp_mode is not None else f"setting interp_mode ({config.origin('interp_mode')})"
+            raise OcannlError(f"{source} must be one of {', '.join(INTERP_MODES)}, got {mode!r}")
+        self.mode = mode
+
     def available(self) -> tuple[bool, str]:
-        return True, "pure Python and numpy: always available"
+        return True, f"pure Python and numpy: always available ({self.mode} mode)"
 
     def compile(self, routine: RoutineIR) -> InterpExecutable:
-        return InterpExecutable(routine)
+        if self.mode == "scalar":
+            return InterpExecutable(routine)
+        from ocannl.backends.interp.vectorized import VectorizedExecutable
+
+        return VectorizedExecutable(routine)
 
 
 class InterpExecutable:
@@ -90,10 +109,7 @@ class InterpExecutable:
     def run(self, buffers: Mapping[TNode, np.ndarray], bindings: Mapping[IndexSymbol, int]) -> None:
         c = self._compiler
         for node, slot in c.buffer_slots.items():
-            array = buffers[node]
-            if not array.flags.c_contiguous:
-                raise ValueError(f"the buffer of {node.debug_name} must be C-contiguous")
-            c.buffers[slot] = array.reshape(-1, 4) if node.dtype is dtypes.uint4x32 else array.reshape(-1)
+            self._bind_buffer(node, slot, buffers[node])
         for key, slot in c.register_slots.items():
             if isinstance(key, IndexSymbol):
                 value = int(bindings[key])
@@ -102,6 +118,12 @@ class InterpExecutable:
                 c.registers[slot] = value
         with np.errstate(all="ignore"):
             self._body()
+
+    def _bind_buffer(self, node: TNode, slot: int, array: np.ndarray) -> None:
+        """Point buffer ``slot`` at ``array``, as the flat view the closures index."""
+        if not array.flags.c_contiguous:
+            raise ValueError(f"the buffer of {node.debug_name} must be C-contiguous")
+        self._compiler.buffers[slot] = array.reshape(-1, 4) if node.dtype is dtypes.uint4x32 else array.reshape(-1)
 
 
 class _Compiler:
@@ -130,6 +152,19 @@ class _Compiler:
             self.buffers.append(None)
         return self.buffer_slots[node]
 
+    @contextmanager
+    def inside_loop(self, symbol: Symbol, extent: int) -> Iterator[None]:
+        """Compile statements as the body of ``for symbol in range(extent)``: bounds proofs use
+        the extent, out-of-bounds messages name the loop's value (the vectorized interpreter
+        walks loops itself and compiles their bodies here)."""
+        self._loops.append(symbol)
+        self._extents[symbol] = extent
+        try:
+            yield
+        finally:
+            self._loops.pop()
+            del self._extents[symbol]
+
     # -- statements -----------------------------------------------------------------------------
 
     def stmt(self, s: Stmt) -> Thunk:
@@ -137,11 +172,8 @@ class _Compiler:
         match s:
             case For(symbol=symbol, extent=extent, body=body):
                 r = self.register(symbol)
-                self._loops.append(symbol)
-                self._extents[symbol] = extent
-                run_body = self.stmt(body)
-                self._loops.pop()
-                del self._extents[symbol]
+                with self.inside_loop(symbol, extent):
+                    run_body = self.stmt(body)
 
                 def run_for() -> None:
                     for value in range(extent):
@@ -251,7 +283,9 @@ class _Compiler:
                 return lambda: f(arg())
             case EmbedIndex(index=index, dtype=dtype):
                 to_scalar, value = dtype.scalar, self.index_value(index)
-                return lambda: to_scalar(value())
+                low, high = dtypes.lowest(dtype), dtypes.highest(dtype)
+                # Bindings reach 2**63: a value past ``dtype`` wraps, as C converts it.
+                return lambda: to_scalar(v) if low <= (v := value()) <= high else dtypes.wrap_int(dtype, v)
             case GetLocal(local=local):
                 r = self.register(local)
                 return lambda: regs[r]
@@ -306,7 +340,7 @@ class _Compiler:
         if dynamic is not None:
             position = self.expr(dynamic[1])
             axes.insert(dynamic[0], lambda: int(position()))
-        fail = (lambda values: None) if oob_value is not None else self._out_of_bounds(node, access)
+        fail = (lambda values: None) if oob_value is not None else self._out_of_bounds(node, access, dynamic)
 
         def checked_offset() -> int | None:
             values = tuple(a() for a in axes)
@@ -369,8 +403,14 @@ class _Compiler:
                 return lambda: off + sum(c * regs[r] for c, r in pairs)
         raise TypeError(f"not an axis index: {idx!r}")
 
-    def _out_of_bounds(self, node: TNode, access: str) -> Callable[[tuple[int, ...]], None]:
+    def _out_of_bounds(
+        self, node: TNode, access: str, dynamic: tuple[int, Expr] | None = None
+    ) -> Callable[[tuple[int, ...]], None]:
         statement, loops, regs = self._statement, tuple(self._loops), self.registers
+        # Lowering turns a float position without an integer value into -1 (lower._float_position).
+        hint = "" if dynamic is None else (
+            f"\n  axis {dynamic[0]} is indexed by data (an oc.take position); a NaN, infinite or "
+            f"too large float position reads as -1")
 
         def fail(values: tuple[int, ...]) -> None:
             namer = Namer()
@@ -383,7 +423,7 @@ class _Compiler:
             raise OutOfBoundsError(
                 f"out-of-bounds {access} of {node.debug_name} at index {values}: its dims are {node.dims}\n"
                 f"  in routine {self.routine.name}, statement: {where}\n"
-                f"  with {', '.join(bound) or 'no loop indices'}"
+                f"  with {', '.join(bound) or 'no loop indices'}{hint}"
             )
 
         return fail
@@ -463,7 +503,9 @@ def _binary(op: Binop, dtype: DType) -> Callable[[Any, Any], Any]:
         Binop.SUB: operator.sub,
         Binop.MUL: operator.mul,
         Binop.DIV: operator.truediv if dtype.is_float else _int_div(dtype),
-        Binop.POW: np.power,
+        # C's pow through numpy's scalar power, special values included; not np.power, whose
+        # ufunc computes a broadcast exponent of 0.5 as sqrt (sqrt(-0.0) is -0.0, pow gives +0.0).
+        Binop.POW: operator.pow,
         Binop.MAX: lambda a, b: a if a > b or b != b else b,
         Binop.MIN: lambda a, b: a if a < b or b != b else b,
         Binop.LT: lambda a, b: one if a < b else zero,

@@ -19,7 +19,7 @@ import numpy as np
 from ocannl import config
 from ocannl.backends.metal import harness
 from ocannl.backends.metal.emit import MetalProgram, Options, emit_metal
-from ocannl.errors import BackendUnavailable, IndexBindingError, OcannlError, OutOfBoundsError
+from ocannl.errors import BackendUnavailable, OcannlError, OutOfBoundsError
 from ocannl.lowlevel.indexing import IndexSymbol
 from ocannl.lowlevel.ir import RoutineIR
 from ocannl.lowlevel.tnode import TNode
@@ -79,12 +79,8 @@ class MetalExecutable:
         if self._checked is None or any(a is not b for a, b in zip(arrays, self._checked)):
             self._check_buffers(arrays)
             self._checked = arrays
-        symbols = np.zeros(len(self.program.symbols), np.int32)
-        for k, symbol in enumerate(self.program.symbols):
-            value = int(bindings[symbol])
-            if value < 0 or (symbol.size is not None and value >= symbol.size):
-                raise IndexBindingError(f"index symbol {symbol.name} = {value} is outside [0, {symbol.size})")
-            symbols[k] = value
+        # Checked by Routine.run (base.check_binding): each fits in 64 bits.
+        symbols = np.array([bindings[s] for s in self.program.symbols], np.int64)
         status = self._runner(self._addresses, symbols, arrays)
         if status:
             site = self.program.sites[status - 1]

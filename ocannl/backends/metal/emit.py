@@ -16,12 +16,16 @@ cells) gets a kernel of its own with one threadgroup per cell: each thread accum
 share of the terms (about :attr:`Options.tree_terms_per_thread`), the partial results go to ``threadgroup`` memory, and a tree of
 ``threadgroup_barrier``-separated halving steps combines them (:class:`TreeReduction`). The
 terms are added in another order than the interpreter's, so float sums agree within rounding,
-not bit for bit; max and min agree exactly.
+not bit for bit; max and min agree exactly. Through ``Context``, float sums of more than 64
+terms reach this emitter already in the blocked summation order (docs/semantics.md, "Summation
+order"), a shape no tree matches: each grid point runs the blocks in order and gets the
+interpreter's bits; trees serve max, min, products and integer sums.
 
 **Kernel signature.** Buffers first (``device T*``, ``device const T*`` when only read; sorted
-by name), then static index symbols (``constant int&``), then ``device atomic_int* _status`` when
-the kernel has runtime checks (a dynamic index out of bounds, an integer division by zero: the
-host raises the first recorded one after the run), then the position attributes. Every pointer
+by name), then static index symbols (``constant long&``: bindings are 64-bit), then
+``device atomic_int* _status`` when the kernel has runtime checks (a dynamic index out of bounds,
+an integer division by zero: the host raises the first recorded one after the run), then the
+position attributes. Every pointer
 has an address space (``device``; ``threadgroup`` arrays are declared in the kernel body).
 
 **Checked before printing** (spec/peers.md §4.3): no float64 anywhere (MSL has no ``double``: a
@@ -505,13 +509,13 @@ class _KernelPrinter:
             Param(e.nodes[n], "buffer", msl_type(n.dtype), node=n, writable=n in ir.writes)
             for n in sorted(set(ir.reads + ir.writes), key=lambda n: e.nodes[n])
         ]
-        params += [Param(e.symbols[s], "symbol", "int", symbol=s) for s in sorted(ir.static_symbols, key=lambda s: s.name)]
+        params += [Param(e.symbols[s], "symbol", "long", symbol=s) for s in sorted(ir.static_symbols, key=lambda s: s.name)]
         if any(re.search(r"\b_status\b", line) for line in body):
             params.append(Param("_status", "status", "atomic_int", writable=True))
         declarations = []
         for k, p in enumerate(params):
             if p.kind == "symbol":
-                declarations.append(f"constant int& {p.name} [[buffer({k})]]")
+                declarations.append(f"constant long& {p.name} [[buffer({k})]]")
             else:
                 const = "" if p.writable else "const "
                 declarations.append(f"device {const}{p.msl_type}* {p.name} [[buffer({k})]]")

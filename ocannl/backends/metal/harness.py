@@ -10,14 +10,20 @@ or the number of the first runtime check that failed).
 
 **The compiler** is ``OCANNL_METAL_CXX`` (a command line), else ``CXX``, else the first of
 ``g++``, ``clang++``, ``c++`` on ``PATH``; it needs C++20 and ``<barrier>`` (g++ 11, clang 14
-with libstdc++ 11 or later). Flags: ``-std=c++20 -O2 -pthread -fwrapv -ffp-contract=off``
-(integers wrap and no multiply-add is fused, as the interpreter computes), unknown attributes
-silenced (the Metal ones). The launcher is compiled once per toolchain into an object file.
+with libstdc++ 11 or later). Flags: ``-std=c++20 -O2 -pthread -fwrapv -ffp-contract=off
+-fno-math-errno -fno-builtin-powf`` (integers wrap and no multiply-add is fused, as the
+interpreter computes; ``pow`` stays the C library's call, which the compiler would otherwise
+rewrite for constant exponents: ``x * x`` for 2, ``sqrt`` in vector code for 0.5), unknown
+attributes silenced (the Metal ones). The launcher is compiled once per toolchain into an object file.
 
-**The cache**: ``<cache>/metal/<key>.so`` with the C backend's cache directory and key
-(``ocannl/backends/c/compiler.py``: sha256 of the source, which here includes the shim and the
-launcher, the compiler's path and version, and the flags), written to a temporary file and
-renamed into place.
+**The cache**: ``<cache>/metal/<key>.so`` in the shared kernel cache (``ocannl/backends/cache.py``:
+private directories, each file verified against its recorded sha256 before use), with the C
+backend's key (sha256 of the source, which here includes the shim and the launcher, the
+compiler's path and version, and the flags).
+
+**The probe** builds the launcher and a small C++20 library using ``<barrier>``, loads it and
+checks what it computes; the result is remembered per compiler command, executable identity,
+sanitizer setting and cache directory.
 
 **Sanitizers** (``OCANNL_METAL_SANITIZE=address,undefined`` or ``=thread``): a sanitizer runtime
 cannot join the Python process, so the routine is linked with ``shim/driver.cpp`` into an
@@ -41,14 +47,17 @@ from typing import Sequence
 import numpy as np
 
 from ocannl import config
-from ocannl.backends.c.compiler import CompileError, build_atomically, cache_dir, cache_key
+from ocannl.backends import cache
+from ocannl.backends.c.compiler import cache_key, executable_identity
+from ocannl.backends.cache import CacheError, build_atomically
+from ocannl.backends.shared_library import SharedLibrary
 from ocannl.backends.metal.emit import Kernel, MetalProgram
-from ocannl.errors import BackendUnavailable, OcannlError
+from ocannl.errors import BackendUnavailable, CompileError, OcannlError
 from ocannl.lowlevel.tnode import sanitize_identifier
 
 SHIM_DIR = Path(__file__).resolve().parent / "shim"
 CANDIDATES = ("g++", "clang++", "c++")
-BASE_FLAGS = ("-std=c++20", "-O2", "-pthread", "-fwrapv", "-ffp-contract=off", "-fno-math-errno")
+BASE_FLAGS = ("-std=c++20", "-O2", "-pthread", "-fwrapv", "-ffp-contract=off", "-fno-math-errno", "-fno-builtin-powf")
 SANITIZERS = {
     "address,undefined": ("-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"),
     "thread": ("-fsanitize=thread",),
@@ -88,6 +97,8 @@ class Toolchain:
 
 _lock = threading.Lock()
 _toolchains: dict[tuple, Toolchain | BackendUnavailable] = {}
+_probe_libraries: list[SharedLibrary] = []
+"""The probes' libraries stay loaded, keeping the C++ runtime mapped for the process."""
 
 
 def find_compiler() -> tuple[str, ...]:
@@ -122,12 +133,14 @@ def toolchain(sanitize: str | None = None) -> Toolchain:
     """The compiler for the current settings, probed once per process and setting (building
     the launcher checks C++20 and ``<barrier>``); :class:`BackendUnavailable` when none works."""
     command = find_compiler()
-    key = (command, os.environ.get("PATH"), sanitize, str(cache_dir()))
+    key = (command, executable_identity(command[0]), sanitize, str(cache.root()))
     with _lock:
         found = _toolchains.get(key)
         if found is None:
             try:
                 found = _probe(command, sanitize)
+            except CacheError:
+                raise  # about the cache, not the compiler: not remembered
             except BackendUnavailable as e:
                 found = e
             _toolchains[key] = found
@@ -139,7 +152,7 @@ def toolchain(sanitize: str | None = None) -> Toolchain:
 def _probe(command: tuple[str, ...], sanitize: str | None) -> Toolchain:
     try:
         result = subprocess.run([*command, "--version"], capture_output=True, text=True, timeout=60)
-    except OSError as e:
+    except (OSError, subprocess.TimeoutExpired) as e:
         raise BackendUnavailable(f"the C++ compiler {' '.join(command)} cannot run ({e}): {FIX}") from None
     if result.returncode != 0:
         raise BackendUnavailable(f"`{' '.join(command)} --version` failed: {result.stderr.strip()[:200]}; {FIX}")
@@ -152,23 +165,47 @@ def _probe(command: tuple[str, ...], sanitize: str | None) -> Toolchain:
     try:
         support_object(tc, "launcher.cpp")
         if sanitize:
-            support_object(tc, "driver.cpp")
+            support_object(tc, "driver.cpp")  # a sanitizer runtime cannot be loaded here: no load check
+        else:
+            _check_probe(tc)
     except CompileError as e:
         raise BackendUnavailable(f"the C++ compiler {' '.join(command)} cannot build the Metal shim: {e}; {FIX}") from None
     return tc
 
 
+PROBE = """#include <atomic>
+#include <barrier>
+extern "C" int ocannl_probe(int x) {
+  std::atomic<int> n{x};
+  std::barrier<> sync(1);
+  sync.arrive_and_wait();
+  return 3 * n.load() + 1;
+}
+"""
+
+
+def _check_probe(tc: Toolchain) -> None:
+    """Builds :data:`PROBE` as a shared object, loads it and checks what it computes."""
+    target = cache.directory("metal", "probes") / f"{cache_key(PROBE, tc)}.so"
+    if not cache.verified(target):
+        _run_compiler([*tc.command, *tc.flags, "-shared", "-fPIC", "-x", "c++", "-", "-o", "{tmp}"], PROBE, target)
+    library = SharedLibrary(target, f"the C++ compiler {' '.join(tc.command)}")
+    got = library.function("ocannl_probe", ctypes.c_int, [ctypes.c_int])(13)
+    if got != 40:
+        raise CompileError(f"its probe library {target} computed ocannl_probe(13) = {got}, not 40")
+    _probe_libraries.append(library)
+
+
 def _run_compiler(cmd: list[str], source: str | None, target: Path) -> None:
     """Runs ``cmd`` (whose output is ``{tmp}``) into the cache file ``target``."""
-    target.parent.mkdir(parents=True, exist_ok=True)
     build_atomically(cmd, source, target, f"the C++ compiler {cmd[0]}")
 
 
 def support_object(tc: Toolchain, file: str) -> Path:
     """``shim/<file>`` compiled into an object file, once per toolchain (cached)."""
     path = SHIM_DIR / file
-    target = cache_dir() / "metal" / "support" / f"{path.stem}-{cache_key(path.read_text(), tc)}.o"
-    if not target.exists():
+    target = cache.directory("metal", "support") / f"{path.stem}-{cache_key(path.read_text(), tc)}.o"
+    if not cache.verified(target):
         _run_compiler([*tc.command, *tc.flags, "-fPIC", "-c", str(path), "-o", "{tmp}"], None, target)
     return target
 
@@ -185,8 +222,8 @@ def build(program: MetalProgram, tc: Toolchain, text: str | None = None) -> Path
     source = translation_unit(program, program.text if text is None else text)
     key = cache_key(source + shim_text(), tc)
     suffix = f"-{tc.sanitize.replace(',', '-')}" if tc.sanitize else ".so"
-    target = cache_dir() / "metal" / f"{key}{suffix}"
-    if target.exists():
+    target = cache.directory("metal") / f"{key}{suffix}"
+    if cache.verified(target):
         return target
     objects = [str(support_object(tc, "launcher.cpp"))]
     if tc.sanitize:
@@ -226,7 +263,8 @@ def translation_unit(program: MetalProgram, text: str) -> str:
         args += [_position(attribute, kernel) for attribute in kernel.positions]
         lines.append(f"  {kernel.name}({', '.join(args)});")
         lines.append("}")
-    lines.append('extern "C" int ocannl_routine(void* const* buffers, const int* symbols) {')
+    lines.append('static_assert(sizeof(long) == 8, "index symbol bindings are 64-bit, as MSL\'s long");')
+    lines.append('extern "C" int ocannl_routine(void* const* buffers, const long* symbols) {')
     lines.append("  atomic_int status = {0};")
     for k, kernel in enumerate(program.kernels):
         pointers = []
@@ -249,7 +287,7 @@ def translation_unit(program: MetalProgram, text: str) -> str:
 
 def _argument(kind: str, msl_type: str, j: int) -> str:
     if kind == "symbol":
-        return f"*(const int*)a[{j}]"
+        return f"*(const long*)a[{j}]"
     return f"({msl_type}*)a[{j}]"
 
 
@@ -269,11 +307,10 @@ class Library:
     """A routine built into a shared object, called in this process."""
 
     def __init__(self, path: Path):
-        self._library = ctypes.CDLL(str(path))
-        self._routine = self._library.ocannl_routine
-        self._routine.restype = ctypes.c_int
-        self._routine.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-        self._no_symbols = np.zeros(1, np.int32)
+        # The only reference to the library's code: unmapped when this object is collected.
+        self._routine = SharedLibrary(path, "the C++ compiler").function(
+            "ocannl_routine", ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p])
+        self._no_symbols = np.zeros(1, np.int64)
 
     def __call__(self, addresses: ctypes.Array, symbols: np.ndarray, arrays: Sequence[np.ndarray]) -> int:
         return self._routine(addresses, (symbols if symbols.size else self._no_symbols).ctypes.data)
@@ -294,7 +331,7 @@ class SanitizedExecutable:
                 f.write(np.array([a.nbytes for a in arrays], np.uint64).tobytes())
                 for a in arrays:
                     f.write(a.tobytes())
-                f.write(symbols.astype(np.int32).tobytes())
+                f.write(symbols.astype(np.int64).tobytes())
             env = dict(os.environ)
             env.setdefault("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0")
             env.setdefault("UBSAN_OPTIONS", "print_stacktrace=1")

@@ -298,9 +298,9 @@ _FAIL = """inline void ocannl_fail(device atomic_int* status, int site) {
   atomic_store_explicit(status, site, memory_order_relaxed);  /* reported by the host after the run */
 }"""
 
-_INDEX = """inline int ocannl_index(int i, int n, device atomic_int* status, int site) {
+_INDEX = """inline int ocannl_index(long i, long n, device atomic_int* status, int site) {
   if (i < 0 || i >= n) { ocannl_fail(status, site); return 0; }  /* clamped: never outside */
-  return i;
+  return int(i);  /* within a buffer: below 2**31 */
 }"""
 
 

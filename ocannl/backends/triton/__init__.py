@@ -46,6 +46,9 @@ class TritonBackend:
     """The ``triton`` backend (registered in ``ocannl.backends.base``)."""
 
     name = "triton"
+    tree_sums = True
+    """Long sums are ``tl.sum`` trees over tiles (docs/semantics.md, "Summation order"), not the
+    blocked loop order the other backends run."""
 
     def __init__(self) -> None:
         self._buffers = None

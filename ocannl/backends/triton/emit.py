@@ -29,9 +29,11 @@ program: the partition rules guarantee no other program wrote it) is preceded by
 
 **Bounds.** Every access is proven in bounds from the loop extents and index symbol sizes, or
 masked: lanes past a ragged edge by the tile masks, padded reads (``Load.oob_value``) and
-skipping stores (``Store.skip_oob``) by per-axis tests. A data-dependent position
-(``oc.take``) outside its axis is masked too (reads give 0, stores are skipped) and sets the
-routine's error flag, which the runtime turns into :class:`~ocannl.errors.OutOfBoundsError`.
+skipping stores (``Store.skip_oob``) by per-axis tests. Any other access the bounds do not prove,
+a data-dependent position (``oc.take``) or an index through a symbol without a size, is an error:
+outside its axis, it sets the routine's error flag, which the runtime turns into
+:class:`~ocannl.errors.OutOfBoundsError`, and is masked (reads give 0, stores are skipped), or,
+for an index the same in every lane, clamped to 0 as the C backend does.
 Scatter-adds use ``tl.atomic_add`` (rows may repeat).
 
 **Arithmetic** follows the scalar catalog (ocannl/lowlevel/scalar_ops.py): float32 division and
@@ -150,7 +152,8 @@ class ModuleSource:
     kernels: list[KernelSource]
     text: str
     checks_positions: bool
-    """Whether a kernel sets the error flag (a gather or scatter position out of range)."""
+    """Whether a kernel sets the error flag (a gather or scatter position, or an index through a
+    symbol without a size, out of range)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,7 +221,10 @@ def _product(values: tuple[int, ...]) -> int:
 
 
 def decompose(index: str, extents: tuple[int, ...]) -> list[str]:
-    """The code of each axis of a row-major flattened ``index`` over ``extents``."""
+    """The code of each axis of a row-major flattened ``index`` over ``extents``. An extent of 0
+    (a size-0 axis: no point at all, every lane masked) counts as 1, so that no code divides
+    by zero."""
+    extents = tuple(max(e, 1) for e in extents)
     out = []
     for t, e in enumerate(extents):
         stride = _product(extents[t + 1:])
@@ -400,11 +406,14 @@ class KernelWriter:
                             for sym in _symbols_of(i):
                                 if isinstance(sym, IndexSymbol):
                                     symbols.setdefault(sym, None)
+                                    # An access through it may be checked (``offset``).
+                                    dynamic |= sym.size is None and not isinstance(x, EmbedIndex)
                 if isinstance(s, (Store, StoreDynamic)):
                     for i in s.indices:
                         for sym in _symbols_of(i):
                             if isinstance(sym, IndexSymbol):
                                 symbols.setdefault(sym, None)
+                                dynamic |= sym.size is None
         written = {s.tnode for p in self.kernel.parts for s in iter_stmts(p.stmt) if isinstance(s, (Store, StoreDynamic, Fill))}
         first = next(iter(sorted(written, key=lambda n: list(nodes).index(n))), None)
         self.name = name + (f"_{first.name}" if first is not None else "")
@@ -967,6 +976,10 @@ class KernelWriter:
         and combined with the accumulator (a sum's order differs from the loop's)."""
         acc = self.accumulator(target, region)
         extents = tuple(loop.extent for loop in chain)
+        compensated = op is Binop.ADD and value.dtype.is_float and _product(extents) > self.rblock
+        if compensated:  # the chunk sums are added with Kahan's compensation (see below)
+            carry = self.names.word("carry")
+            self.line(f"{carry} = tl.zeros_like({acc})")
         inner, looped, codes = self.stage_index(extents, region)
         for t, (loop, code) in enumerate(zip(chain, codes)):
             inner.symbols[loop.symbol] = (code, frozenset({"r"}))
@@ -983,7 +996,18 @@ class KernelWriter:
         axis = "axis=1, keep_dims=True" if region.axes else "axis=0"
         fn = {Binop.ADD: "tl.sum", Binop.MAX: "tl.max", Binop.MIN: "tl.min"}[op]
         reduced = f"{fn}({tile}, {axis})"
-        if op is Binop.ADD:
+        if compensated:
+            # Each chunk is a tl.sum tree; adding the chunk sums one after the other would lose
+            # their low bits once the total is large (1.5e-5 relative on 2^20 equal float32
+            # terms). Kahan's compensation carries the rounding error of each addition into the
+            # next, so the sum stays as accurate as one tree; the carry is dropped once the total
+            # is not finite, where it would turn an infinity into a NaN.
+            y, total = self.names.numbered("y"), self.names.numbered("t")
+            self.line(f"{y} = {reduced} - {carry}")
+            self.line(f"{total} = {acc} + {y}")
+            self.line(f"{carry} = tl.where(tl.abs({total}) < float('inf'), ({total} - {acc}) - {y}, 0.0)")
+            self.line(f"{acc} = {total}")
+        elif op is Binop.ADD:
             self.line(f"{acc} = {acc} + {reduced}")
         else:
             self.line(f"{acc} = {'tl.maximum' if op is Binop.MAX else 'tl.minimum'}({acc}, {reduced})")
@@ -994,13 +1018,15 @@ class KernelWriter:
 
     def store_value(self, node: TNode, indices: tuple[AxisIndex, ...], value: Val, region: Region,
                     skip_oob: bool) -> None:
-        offset, axes, checks = self.offset(node, indices, region)
+        offset, axes, checks = self.offset(node, indices, region, checked=not skip_oob)
         mask = self.mask(axes, checks, region)
         ptr = self.node_names[node]
         if node.dtype is dtypes.uint4x32:
             for lane, code in enumerate(value.lanes):
                 self.line(_store(f"{ptr} + ({offset}) * 4 + {lane}", code, mask))
         else:
+            if not value.literal:  # loads of this cell read the name (see the register cache)
+                value = replace(value, code=self.atom_code(value))
             code = self.to_storage(value, node.dtype)
             if value.axes - axes:
                 offset = f"{offset} + tl.zeros({self.shape_for_axes(value.axes | axes)}, tl.int32)"
@@ -1012,7 +1038,7 @@ class KernelWriter:
     def store_dynamic(self, s: StoreDynamic, region: Region) -> None:
         node = s.tnode
         pos = self.position(s.position, node.dims[s.axis], region)
-        offset, axes, checks = self.offset(node, s.indices, region, dynamic=(s.axis, pos))
+        offset, axes, checks = self.offset(node, s.indices, region, dynamic=(s.axis, pos), checked=True)
         mask = self.mask(axes, checks, region)
         ptr = self.node_names[node]
         added = _scatter_add_value(s) if node in self.scatter else None
@@ -1083,9 +1109,12 @@ class KernelWriter:
         return region.symbols[sym]
 
     def offset(self, node: TNode, indices: tuple[AxisIndex, ...], region: Region,
-               dynamic: tuple[int, Val] | None = None) -> tuple[str, frozenset[str], list[str]]:
+               dynamic: tuple[int, Val] | None = None, checked: bool = False) -> tuple[str, frozenset[str], list[str]]:
         """The row-major offset of an access (one coefficient per symbol, outer axes first), the
-        tile axes it varies along, and the bounds tests it needs (those not proven)."""
+        tile axes it varies along, and the bounds tests it needs (those not proven). ``checked``:
+        the access is an error outside the buffer (not a padded read nor a skipping store), so an
+        index through a symbol without a size also sets the error flag past the axis; one the same
+        in every lane is clamped instead of masked."""
         full: list[Any] = list(indices)
         if dynamic is not None:
             full.insert(dynamic[0], dynamic[1])
@@ -1095,9 +1124,12 @@ class KernelWriter:
         axes: frozenset[str] = frozenset()
         checks: list[str] = []
         for idx, dim, stride in zip(full, node.dims, strides):
-            if isinstance(idx, Val):
+            if isinstance(idx, Val):  # ``position`` has set the error flag for it
                 code, ax = idx.code, idx.axes
-                checks.append(f"({code} >= 0) & ({code} < {dim})")
+                if not ax:  # the same in every lane: clamped (see ``checked_scalar_index``)
+                    code = self.temp(f"tl.where(({code} >= 0) & ({code} < {dim}), {code}, 0)", "pos")
+                else:
+                    checks.append(f"({code} >= 0) & ({code} < {dim})")
                 coefficients[code] = coefficients.get(code, 0) + stride
             elif isinstance(idx, Fixed):
                 constant += idx.index * stride
@@ -1105,10 +1137,18 @@ class KernelWriter:
             else:
                 code, ax = self.index_code(idx, region)
                 if not self.provable(idx, dim, region):
+                    # Through a symbol without a size: the binding may pass the axis (an error).
+                    unsized = checked and any(isinstance(x, IndexSymbol) and x.size is None for x in _symbols_of(idx))
+                    if unsized and not ax:
+                        clamped = self.checked_scalar_index(code, dim)
+                        coefficients[clamped] = coefficients.get(clamped, 0) + stride
+                        continue
                     c = _paren(code)
                     low = self.lower_bound(idx, region)
                     tests = ([f"({c} >= 0)"] if low is None or low < 0 else []) + [f"({c} < {dim})"]
                     checks.append(" & ".join(tests))
+                    if unsized:
+                        self.flag_outside(c, dim, ax, region)
                 terms = ((1, idx.symbol),) if isinstance(idx, Iter) else idx.terms
                 for c, sym in terms:
                     scode, _ = self.symbol_code(sym, region)
@@ -1116,11 +1156,32 @@ class KernelWriter:
                 if isinstance(idx, Affine):
                     constant += idx.offset * stride
             axes |= ax
-        parts = [_scaled(code, c) for code, c in coefficients.items() if c]
+        # A node with a size-0 axis has only zero strides, yet its accesses keep the shape of
+        # their tile (a pointer as wide as its mask): ``x0 * 0`` terms stay.
+        empty = 0 in node.dims
+        parts = [_scaled(code, c) for code, c in coefficients.items() if c or empty]
         text = " + ".join(parts)
         if constant or not text:
             text = f"{text} + {constant}" if text else str(constant)
         return text.replace("+ -", "- "), axes, checks
+
+    def checked_scalar_index(self, code: str, dim: int) -> str:
+        """An index the same in every lane (static symbols, scalar loops) the bounds do not
+        prove: outside ``[0, dim)`` it sets the error flag and reads or writes row 0, like the C
+        backend's checked index. A scalar mask would do, but Triton's interpreter cannot combine
+        one with a lane mask."""
+        name = self.temp(code, "idx")
+        self.checks_positions = True
+        self.line(f"tl.store(error, 1, mask=({name} < 0) | ({name} >= {dim}))")
+        return self.temp(f"tl.where(({name} >= 0) & ({name} < {dim}), {name}, 0)", "idx")
+
+    def flag_outside(self, code: str, dim: int, axes: frozenset[str], region: Region) -> None:
+        """Set the error flag where lanes of an unproven index fall outside ``[0, dim)``."""
+        self.checks_positions = True
+        outside = f"({code} < 0) | ({code} >= {dim})"
+        lanes = [region.masks[a] for a in sorted(axes) if a in region.masks]
+        mask = " & ".join(lanes + [f"({outside})"])
+        self.line(f"tl.store(error + {code} * 0, 1, mask={mask})")
 
     def provable(self, idx: AxisIndex, dim: int, region: Region) -> bool:
         def bounds(s: AnySymbol) -> tuple[int, int] | None:
@@ -1214,7 +1275,7 @@ class KernelWriter:
             return hit
         if e.tnode in self.written:
             self.reads_written = True
-        offset, axes, checks = self.offset(e.tnode, e.indices, region)
+        offset, axes, checks = self.offset(e.tnode, e.indices, region, checked=e.oob_value is None)
         mask = self.mask(axes, checks, region)
         ptr = self.node_names[e.tnode]
         node = e.tnode
@@ -1231,7 +1292,7 @@ class KernelWriter:
         return v
 
     def load_code(self, e: Load, region: Region, convert: bool = True) -> str:
-        offset, axes, checks = self.offset(e.tnode, e.indices, region)
+        offset, axes, checks = self.offset(e.tnode, e.indices, region, checked=e.oob_value is None)
         mask = self.mask(axes, checks, region)
         ptr = self.node_names[e.tnode]
         if e.tnode in self.written:
@@ -1255,7 +1316,7 @@ class KernelWriter:
                 if hit is not None:
                     return hit
                 pos = self.position(p, node.dims[axis], region)
-                offset, axes, checks = self.offset(node, indices, region, dynamic=(axis, pos))
+                offset, axes, checks = self.offset(node, indices, region, dynamic=(axis, pos), checked=True)
                 mask = self.mask(axes, checks, region)
                 if node in self.written:
                     self.reads_written = True

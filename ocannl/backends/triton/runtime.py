@@ -26,7 +26,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ocannl import config
+from ocannl.backends import cache
 from ocannl.errors import OutOfBoundsError
 from ocannl.lowlevel.indexing import IndexSymbol
 from ocannl.lowlevel.tnode import TNode
@@ -100,12 +100,9 @@ def _torch_dtype(torch: Any, dtype: np.dtype) -> Any:
 
 
 def cache_dir() -> Path:
-    """``<OCANNL_CACHE_DIR>/triton``, by default ``~/.cache/ocannl/triton`` (as the C backend's)."""
-    configured = config.get("cache_dir")
-    if configured:
-        return Path(configured).expanduser() / "triton"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "ocannl" / "triton"
+    """``<cache>/triton`` in the kernel cache the compiled backends share (ocannl/backends/cache.py:
+    a directory only the current user can write, so the module compared below is the one imported)."""
+    return cache.directory("triton")
 
 
 def load_module(source: ModuleSource) -> ModuleType:
@@ -113,7 +110,6 @@ def load_module(source: ModuleSource) -> ModuleType:
     digest = hashlib.sha256(source.text.encode()).hexdigest()[:16]
     stem = f"{source.routine[:60]}-{digest}"
     directory = cache_dir()
-    directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{stem}.py"
     if not path.exists() or path.read_text() != source.text:
         fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
@@ -151,6 +147,7 @@ class TritonExecutable:
         if self.source.checks_positions and int(self._error.item()):
             self._error.zero_()
             raise OutOfBoundsError(
-                f"routine {self.name}: a gather (oc.take) or scatter position is outside its axis; the Triton "
-                f"backend skipped those accesses (run the routine on the interp backend to see where)"
+                f"routine {self.name}: an index is outside its axis (an oc.take position, or an index symbol "
+                f"without a size bound past the axis it indexes); the Triton backend skipped or clamped those "
+                f"accesses (run the routine on the interp backend to see where)"
             )

@@ -26,15 +26,24 @@ def tanh(x):
 
 @triton.jit
 def pow(a, b):  # noqa: A001 - the catalog's name
-    """``a ** b`` as C's ``pow`` for the cases training meets: ``exp2(b * log2|a|)``, negated
-    for a negative ``a`` and an odd integer ``b``, NaN for a negative ``a`` and a fractional
-    ``b``, 1 when ``b`` is 0."""
+    """``a ** b`` with the special values of C's ``pow`` (docs/semantics.md, "Numerics"): 1 when
+    ``b`` is 0 or ``a`` is 1 (NaNs included) and for ``(-1) ** ±inf``; NaN for a finite negative
+    ``a`` and a non-integer ``b``; otherwise ``exp2(b * log2|a|)``, negated for a negative ``a``
+    (-0.0 and -inf included) and an odd integer ``b``. So ``(-0.0) ** 0.5`` is +0.0 and
+    ``(-inf) ** 0.5`` is +inf, as C's ``pow`` (not ``sqrt``) gives. Infinities are recognised as
+    the nonzero values that doubling leaves unchanged, which holds in every float type."""
+    a, b = tl.broadcast(a, b)  # a 0-d exponent (a literal) takes a's shape before the masks combine
     r = tl.exp2(b * tl.log2(tl.abs(a)))
     whole = tl.floor(b) == b
-    odd = tl.floor(b * 0.5) * 2.0 != b
+    odd = whole & (tl.floor(b * 0.5) * 2.0 != b)
+    negative = (a < 0) | ((a == 0) & (1.0 / a < 0))
+    r = tl.where(negative & odd, -r, r)
+    finite_negative = (a < 0) & (a != 2.0 * a)
     nan = (r - r) / (r - r)
-    r = tl.where(a < 0, tl.where(whole, tl.where(odd, -r, r), nan), r)
-    return tl.where(b == 0, 1.0, r)
+    r = tl.where(finite_negative & ~whole, nan, r)
+    infinite_b = (b == 2.0 * b) & (b != 0)
+    r = tl.where((tl.abs(a) == 1.0) & infinite_b, 1.0, r)
+    return tl.where((b == 0) | (a == 1.0), 1.0, r)
 
 
 @triton.jit

@@ -6,14 +6,14 @@
 // end hits AddressSanitizer's redzone), runs the routine, and writes the buffers back.
 //
 // Input file: uint32 n_buffers, uint32 n_symbols, n_buffers uint64 byte sizes, the buffers'
-// bytes in order, n_symbols int32 index values. Output file: the buffers' bytes in order.
+// bytes in order, n_symbols int64 index values. Output file: the buffers' bytes in order.
 // Standard output: the routine's status (0, or the number of the runtime check that failed).
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
 
-extern "C" int ocannl_routine(void* const* buffers, const int* symbols);
+extern "C" int ocannl_routine(void* const* buffers, const long* symbols);
 
 static void fail(const char* what, const char* path) {
   std::fprintf(stderr, "metal shim driver: %s %s\n", what, path);
@@ -36,8 +36,9 @@ int main(int argc, char** argv) {
     buffers[k] = std::malloc(sizes[k] ? sizes[k] : 1);
     if (sizes[k] && std::fread(buffers[k], 1, sizes[k], in) != sizes[k]) fail("truncated buffer in", argv[1]);
   }
-  std::vector<int> symbols(counts[1] + 1);
-  if (counts[1] && std::fread(symbols.data(), 4, counts[1], in) != counts[1]) fail("truncated symbols in", argv[1]);
+  static_assert(sizeof(long) == 8, "index symbols are 64-bit");
+  std::vector<long> symbols(counts[1] + 1);
+  if (counts[1] && std::fread(symbols.data(), 8, counts[1], in) != counts[1]) fail("truncated symbols in", argv[1]);
   std::fclose(in);
 
   const int status = ocannl_routine(buffers.data(), symbols.data());

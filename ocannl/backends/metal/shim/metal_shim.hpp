@@ -31,6 +31,10 @@
 // routine compiles its own kernels. The compilers' builtins give the same functions.
 
 extern "C" void ocannl_shim_threadgroup_barrier(void);  // launcher.cpp
+// The C library's pow, called as a function (the harness compiles with -fno-builtin-powf): the
+// builtin would become x * x for an exponent of 2 and sqrt in vector code for 0.5, which differ
+// from pow in the last bit and at -0.0 and -inf.
+extern "C" float powf(float, float);
 
 namespace metal {
 
@@ -203,8 +207,8 @@ OCANNL_SHIM_VECTORS(bool)
   inline float tanh(float x) { return __builtin_tanhf(x); }                                      \
   inline float sqrt(float x) { return __builtin_sqrtf(x); }                                      \
   inline float rsqrt(float x) { return 1.0f / __builtin_sqrtf(x); }                              \
-  inline float pow(float x, float y) { return __builtin_powf(x, y); }                            \
-  inline float powr(float x, float y) { return __builtin_powf(x, y); }                           \
+  inline float pow(float x, float y) { return ::powf(x, y); }                                   \
+  inline float powr(float x, float y) { return ::powf(x, y); }                                  \
   inline float fmod(float x, float y) { return __builtin_fmodf(x, y); }                          \
   inline float fabs(float x) { return __builtin_fabsf(x); }                                      \
   inline float abs(float x) { return __builtin_fabsf(x); }                                       \

@@ -1,0 +1,134 @@
+"""How compilation scales with the depth of a network.
+
+Builds an N-layer tanh MLP of width 16 (``h = tanh(w_i @ h + b_i)``, a mean-square loss), its
+training step (``train.grad_update`` then ``train.sgd_update``) and compiles that step with
+``Context.compile`` into an empty kernel cache (a fresh temporary ``OCANNL_CACHE_DIR`` per N),
+for N = 25, 50, 100, 200, 1000 by default, each in a fresh session.
+
+Per N it prints:
+
+* ``python``: the Python passes of ``Context.compile`` (lowering, tracing, virtualization,
+  simplification, CSE, emitting the source), that is the compile time less the C compiler's;
+* ``cc``: the time spent building kernels (the system C compiler; 0 on ``--backend interp``;
+  the compiler's own checks for the fresh cache run before timing starts);
+* ``total``: the whole ``Context.compile`` call (it also compiles and runs the parameters' init
+  routine);
+* the time per layer of each, and at the end the ratio of the per-layer Python time at the
+  largest N to that at the smallest: near 1 when the passes are linear in the routine.
+
+Building the graph and its gradient code (the frontend) is timed apart, as ``frontend``.
+
+    python -m bench.compile_scaling [--backend c|interp] [--layers 25 50 100 200 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+import numpy as np
+
+import ocannl as oc
+import ocannl.session
+from ocannl import train
+
+WIDTH = 16
+
+
+class _CcTimer:
+    """Accumulates the seconds spent in the C backend's kernel builds."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        from ocannl.backends.c import backend as c_backend
+
+        original = c_backend.compile_shared
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        c_backend.compile_shared = timed
+        try:
+            yield
+        finally:
+            c_backend.compile_shared = original
+
+
+def build(n_layers: int) -> tuple[train.GradUpdate, object]:
+    """The training step of an ``n_layers`` tanh MLP: its grad update and its SGD update."""
+    x = oc.tensor(np.linspace(-1.0, 1.0, 8 * 2, dtype=np.float32).reshape(8, 2), batch=1)
+    target = oc.tensor(np.zeros((8, 1), dtype=np.float32), batch=1)
+    h = x
+    for i in range(n_layers):
+        w = oc.param(f"w{i}", output=WIDTH)
+        b = oc.param(f"b{i}", output=WIDTH, init=0.0)
+        h = oc.tanh(w @ h + b)
+    w_out = oc.param("w_out", output=1)
+    diff = w_out @ h - target
+    loss = (diff * diff).mean()
+    update = train.grad_update(loss)
+    return update, train.sgd_update(update, lr=0.01)
+
+
+def measure(n_layers: int, backend: str) -> dict[str, float]:
+    """Seconds per phase for one N, in a fresh session with an empty kernel cache."""
+    ocannl.session.reset()
+    timer = _CcTimer()
+    with tempfile.TemporaryDirectory(prefix="ocannl-compile-scaling-") as cache:
+        previous = os.environ.get("OCANNL_CACHE_DIR")
+        os.environ["OCANNL_CACHE_DIR"] = cache
+        try:
+            start = time.perf_counter()
+            update, sgd = build(n_layers)
+            frontend = time.perf_counter() - start
+            ctx = oc.Context(backend)
+            if backend == "c":  # the C compiler's checks, once per cache: not part of compiling
+                from ocannl.backends.c.compiler import toolchain
+
+                toolchain()
+            with timer.installed():
+                start = time.perf_counter()
+                step = ctx.compile(update, sgd)
+                total = time.perf_counter() - start
+            step.run()
+        finally:
+            if previous is None:
+                del os.environ["OCANNL_CACHE_DIR"]
+            else:
+                os.environ["OCANNL_CACHE_DIR"] = previous
+    return {"frontend": frontend, "python": total - timer.seconds, "cc": timer.seconds, "total": total}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", choices=("c", "interp"), default="c")
+    parser.add_argument("--layers", type=int, nargs="+", default=[25, 50, 100, 200, 1000], metavar="N")
+    args = parser.parse_args()
+    print(f"backend {args.backend}, width {WIDTH}, grad_update + sgd_update, empty kernel cache")
+    header = ("N", "frontend s", "python s", "cc s", "total s", "python/layer ms", "cc/layer ms", "total/layer ms")
+    print("  ".join(f"{h:>15}" for h in header))
+    per_layer: dict[int, float] = {}
+    for n in args.layers:
+        r = measure(n, args.backend)
+        per_layer[n] = r["python"] / n
+        row = (n, r["frontend"], r["python"], r["cc"], r["total"],
+               1e3 * r["python"] / n, 1e3 * r["cc"] / n, 1e3 * r["total"] / n)
+        print("  ".join(f"{v:>15}" if isinstance(v, int) else f"{v:>15.3f}" for v in row), flush=True)
+    if len(per_layer) > 1:
+        small, large = min(per_layer), max(per_layer)
+        print(f"python time per layer at N={large} / at N={small}: {per_layer[large] / per_layer[small]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

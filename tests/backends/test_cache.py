@@ -1,0 +1,427 @@
+"""The kernel cache and the toolchains cannot be subverted: who may write the cache, what is
+verified before a library is loaded, what the compiler probes accept, that libraries are unloaded
+with their routines, and that a bad path is an error naming it (ocannl/backends/cache.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import os
+import shutil
+import stat
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ocannl as oc
+import ocannl.session
+from ocannl import config
+from ocannl.backends import cache
+from ocannl.backends.c import compiler
+from ocannl.backends.c.backend import CBackend
+from ocannl.backends.cache import CacheError, CacheWarning
+from ocannl.backends.metal.backend import MetalBackend
+from ocannl.backends.shared_library import SharedLibrary
+from ocannl.errors import BackendUnavailable, CompileError, OcannlError
+
+HAVE_CC = CBackend().available()[0]
+HAVE_METAL = MetalBackend().available()[0]
+needs_cc = pytest.mark.skipif(not HAVE_CC, reason="no working C compiler here")
+needs_metal = pytest.mark.skipif(not HAVE_METAL, reason="no C++20 compiler for the Metal shim here")
+needs_proc_maps = pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="no /proc/self/maps here")
+needs_root = pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                                reason="giving a directory to another user needs root")
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    """A cache of the test's own, no ``ocannl_config`` but the test's, no leftover fallback."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OCANNL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("OCANNL_C_FAST", "0")
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.delenv("OCANNL_METAL_CXX", raising=False)
+    monkeypatch.setattr(cache, "_private_root", None)
+
+
+def open_dir(path: Path, mode: int = 0o777) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(mode)
+    return path
+
+
+def doubled(backend: str, factor: float = 2.0) -> list[float]:
+    """``x * factor`` run on a fresh session: the same factor gives the same source, the same key."""
+    ocannl.session.reset()
+    x = oc.tensor(np.arange(4, dtype=np.float32))
+    y = x * factor
+    ctx = oc.Context(backend)
+    ctx.compile(y).run()
+    return ctx.get(y.value).tolist()
+
+
+def script(path: Path, body: str) -> Path:
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return path
+
+
+def kernels(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.glob("*.so"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Who may write the cache
+
+
+def test_group_or_world_writable_cache_dir_is_replaced_with_a_warning(tmp_path, monkeypatch):
+    unsafe = open_dir(tmp_path / "shared")
+    monkeypatch.setenv("OCANNL_CACHE_DIR", str(unsafe))
+    with pytest.warns(CacheWarning, match=rf"OCANNL_CACHE_DIR, {unsafe}: is writable by other users"):
+        root = cache.root()
+    assert root == tmp_path / "xdg" / "ocannl"
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    assert stat.S_IMODE((tmp_path / "xdg").stat().st_mode) == 0o700  # parents made private too
+
+
+def test_unsafe_cache_dir_from_the_config_file_is_refused_too(tmp_path, monkeypatch):
+    unsafe = open_dir(tmp_path / "elsewhere", 0o775)
+    monkeypatch.delenv("OCANNL_CACHE_DIR")
+    (tmp_path / "ocannl_config").write_text(f"cache_dir={unsafe}\n")
+    with pytest.warns(CacheWarning, match=r"cache_dir in .*ocannl_config.*writable by other users"):
+        assert cache.root() == tmp_path / "xdg" / "ocannl"
+
+
+@needs_root
+def test_cache_dir_of_another_user_is_refused(tmp_path, monkeypatch):
+    theirs = open_dir(tmp_path / "theirs", 0o700)
+    os.chown(theirs, 4242, 4242)
+    monkeypatch.setenv("OCANNL_CACHE_DIR", str(theirs))
+    with pytest.warns(CacheWarning, match="belongs to another user"):
+        assert cache.root() == tmp_path / "xdg" / "ocannl"
+
+
+def test_an_ancestor_others_can_write_is_refused_unless_sticky(tmp_path, monkeypatch):
+    monkeypatch.setenv("OCANNL_CACHE_DIR", str(open_dir(open_dir(tmp_path / "open") / "mine", 0o700)))
+    with pytest.warns(CacheWarning, match=rf"ancestor {tmp_path / 'open'} is writable by other users"):
+        assert cache.root() == tmp_path / "xdg" / "ocannl"
+    sticky = open_dir(tmp_path / "sticky", 0o1777)  # as /tmp: others cannot rename what is ours
+    monkeypatch.setenv("OCANNL_CACHE_DIR", str(sticky / "mine"))
+    assert cache.root() == sticky / "mine"
+
+
+def test_without_a_safe_directory_the_cache_is_private_to_the_process(tmp_path, monkeypatch):
+    monkeypatch.setenv("OCANNL_CACHE_DIR", str(open_dir(tmp_path / "a")))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(open_dir(tmp_path / "b")))
+    with pytest.warns(CacheWarning) as record:
+        root = cache.root()
+    assert len(record) == 2
+    assert root.parent == Path(tempfile.gettempdir()) and root.name.startswith("ocannl-cache-")
+    assert root.stat().st_uid == os.geteuid() and stat.S_IMODE(root.stat().st_mode) == 0o700
+
+
+@needs_cc
+def test_nothing_is_built_in_an_unsafe_directory(tmp_path, monkeypatch):
+    unsafe = open_dir(tmp_path / "shared")
+    monkeypatch.setenv("OCANNL_CACHE_DIR", str(unsafe))
+    with pytest.warns(CacheWarning):
+        assert doubled("c") == [0.0, 2.0, 4.0, 6.0]
+    assert list(unsafe.iterdir()) == []
+    assert kernels(tmp_path / "xdg" / "ocannl" / "c")
+    for directory in (tmp_path / "xdg" / "ocannl" / "c", tmp_path / "xdg" / "ocannl" / "c" / "probes"):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+
+
+# ---------------------------------------------------------------------------------------------
+# What is verified before loading
+
+
+@needs_cc
+def test_a_planted_library_is_rebuilt_not_loaded(tmp_path):
+    """Another program's library under this program's key: the digest does not match."""
+    c_dir = tmp_path / "cache" / "c"
+    assert doubled("c", 2.0) == [0.0, 2.0, 4.0, 6.0]
+    (doubling,) = kernels(c_dir)
+    assert doubled("c", 3.0) == [0.0, 3.0, 6.0, 9.0]
+    (tripling,) = set(kernels(c_dir)) - {doubling}
+    gc.collect()  # the routines are gone, and so are their mappings: the next load reads the file
+    shutil.copyfile(doubling, tripling)
+    with pytest.warns(CacheWarning, match=rf"{tripling.name} does not match its recorded digest"):
+        assert doubled("c", 3.0) == [0.0, 3.0, 6.0, 9.0]
+    assert cache.verified(tripling)
+
+
+@needs_cc
+@pytest.mark.parametrize("damage", ["truncated", "empty", "no digest", "binary digest", "garbage"])
+def test_a_damaged_library_is_rebuilt_never_an_oserror(tmp_path, damage):
+    assert doubled("c") == [0.0, 2.0, 4.0, 6.0]
+    (library,) = kernels(tmp_path / "cache" / "c")
+    gc.collect()
+    data = library.read_bytes()
+    digest = cache.digest_path(library)
+    if damage == "truncated":
+        library.write_bytes(data[: len(data) // 2])
+    elif damage == "empty":
+        library.write_bytes(b"")
+    elif damage == "no digest":
+        digest.unlink()
+    elif damage == "binary digest":
+        digest.write_bytes(b"\xff\x00\xfe")
+    else:
+        library.write_bytes(b"\x7fELF" + bytes(range(256)) * 4)
+    with pytest.warns(CacheWarning, match="rebuilding"):
+        assert doubled("c") == [0.0, 2.0, 4.0, 6.0]
+    gc.collect()
+    with no_cache_warning():  # rebuilt as before, then a plain hit
+        assert doubled("c") == [0.0, 2.0, 4.0, 6.0]
+    assert library.read_bytes() == data
+
+
+@contextlib.contextmanager
+def no_cache_warning():
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        yield
+    assert not [w for w in record if issubclass(w.category, CacheWarning)], [str(w.message) for w in record]
+
+
+@needs_metal
+def test_a_damaged_metal_library_is_rebuilt(tmp_path):
+    assert doubled("metal") == [0.0, 2.0, 4.0, 6.0]
+    (library,) = kernels(tmp_path / "cache" / "metal")
+    gc.collect()
+    library.write_bytes(library.read_bytes()[:100])
+    with pytest.warns(CacheWarning, match="does not match its recorded digest"):
+        assert doubled("metal") == [0.0, 2.0, 4.0, 6.0]
+    support = next((tmp_path / "cache" / "metal" / "support").glob("launcher-*.o"))
+    assert cache.verified(support)
+
+
+def test_a_compiler_that_writes_nothing_is_a_compile_error(tmp_path):
+    target = cache.directory("c") / "x.so"
+    with pytest.raises(CompileError, match="exited successfully but wrote nothing"):
+        cache.build_atomically(["true", "{tmp}"], None, target, "the compiler true")
+    assert not target.exists() and not cache.digest_path(target).exists()
+    assert not [p for p in target.parent.iterdir()]  # no temporary file left behind
+
+
+# ---------------------------------------------------------------------------------------------
+# The toolchain probes
+
+
+@needs_cc
+def test_cc_true_is_refused_and_caches_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("CC", "true")
+    ok, reason = CBackend().available()
+    assert not ok and "the C compiler true" in reason and "wrote nothing" in reason
+    with pytest.raises(BackendUnavailable, match="the C compiler true"):
+        oc.Context("c").compile(oc.tensor(np.ones(2, np.float32)) * 2)
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+
+
+@needs_metal
+def test_metal_cxx_true_is_refused(monkeypatch):
+    monkeypatch.setenv("OCANNL_METAL_CXX", "true")
+    ok, reason = MetalBackend().available()
+    assert not ok and "the C++ compiler true" in reason and "wrote nothing" in reason
+
+
+@needs_cc
+def test_the_probe_checks_what_its_library_computes(tmp_path, monkeypatch):
+    """A "compiler" that builds some other library than the one asked for."""
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    monkeypatch.setenv("CC", str(script(tmp_path / "wrong-cc", (
+        f'[ "$1" = --version ] && exec {cc} --version\n'
+        'prev=; for arg; do [ "$prev" = -o ] && out=$arg; prev=$arg; done\n'
+        f"echo 'int ocannl_probe(int x) {{ return 42; }}' | {cc} -x c - -shared -fPIC -o \"$out\"\n"
+    ))))
+    with pytest.raises(BackendUnavailable, match=r"computed ocannl_probe\(13\) = 42, not 40"):
+        compiler.toolchain()
+
+
+@needs_cc
+def test_a_failed_probe_is_retried_when_the_compiler_changes(tmp_path, monkeypatch):
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    fake = script(tmp_path / "my-cc", 'echo "my-cc: broken" >&2\nexit 1\n')
+    monkeypatch.setenv("CC", str(fake))
+    with pytest.raises(BackendUnavailable, match="broken"):
+        compiler.toolchain()
+    with pytest.raises(BackendUnavailable, match="broken"):
+        compiler.toolchain()  # the same compiler, the same answer
+    script(fake, f'exec {cc} "$@"\n')  # repaired in place: same path, same setting
+    assert compiler.toolchain().command == (str(fake),)
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    with pytest.raises(BackendUnavailable, match="names no executable"):
+        compiler.toolchain()
+    monkeypatch.setenv("CC", cc)
+    assert compiler.toolchain().command == (cc,)
+
+
+@needs_cc
+def test_deleting_the_cache_while_compiling_rebuilds_it(tmp_path, monkeypatch):
+    """The compiler deletes the whole cache on its first build: the probe and the routine's
+    compile remake the directories and finish."""
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    root = tmp_path / "cache"
+    deleter = script(tmp_path / "deleting-cc", (
+        f'if [ "$1" != --version ] && [ ! -e {tmp_path}/deleted-$MARK ]; then\n'
+        f"  touch {tmp_path}/deleted-$MARK; rm -rf {root}\nfi\n"
+        f'exec {cc} "$@"\n'
+    ))
+    monkeypatch.setenv("CC", str(deleter))
+    monkeypatch.setenv("MARK", "probe")
+    tc = compiler.toolchain()  # the probe's first build lost its directory
+    assert (tmp_path / "deleted-probe").exists()
+    monkeypatch.setenv("MARK", "kernel")
+    path = compiler.compile_shared("int f(void) { return 7; }\n", tc)
+    assert (tmp_path / "deleted-kernel").exists() and cache.verified(path)
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    with pytest.raises(CompileError) as failure:  # a real compile error stays one
+        compiler.compile_shared("this is not C\n", tc)
+    assert "install a C compiler" not in str(failure.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Unloading
+
+
+def mappings(directory: Path) -> list[str]:
+    """The lines of /proc/self/maps mapping a file directly under ``directory``."""
+    prefix = str(directory) + "/"
+    return [line for line in Path("/proc/self/maps").read_text().splitlines()
+            if line.split(None, 5)[-1].startswith(prefix) and "/" not in line.split(None, 5)[-1][len(prefix):]]
+
+
+def compile_and_drop(backend: str, count: int) -> None:
+    x = oc.tensor(np.arange(4, dtype=np.float32))
+    for k in range(count):
+        y = x * float(k + 1)
+        ctx = oc.Context(backend)
+        ctx.compile(y).run()
+        assert ctx.get(y.value)[1] == k + 1
+        del ctx, y
+
+
+def check_unloading(backend: str, directory: Path, count: int) -> None:
+    x = oc.tensor(np.arange(4, dtype=np.float32))
+    ctx = oc.Context(backend)
+    kept = ctx.compile(x + 1)
+    assert mappings(directory), "a live routine's library is mapped"
+    del kept, ctx
+    gc.collect()
+    assert mappings(directory) == []
+    compile_and_drop(backend, count)
+    gc.collect()
+    assert mappings(directory) == []
+    assert len(kernels(directory)) == count + 1
+
+
+@needs_cc
+@needs_proc_maps
+def test_a_dropped_routine_unloads_its_library(tmp_path):
+    check_unloading("c", tmp_path / "cache" / "c", 6)
+
+
+@pytest.mark.slow
+@needs_cc
+@needs_proc_maps
+def test_fifty_dropped_routines_leave_no_mapping(tmp_path):
+    check_unloading("c", tmp_path / "cache" / "c", 50)
+
+
+@needs_metal
+@needs_proc_maps
+def test_a_dropped_metal_routine_unloads_its_library(tmp_path):
+    check_unloading("metal", tmp_path / "cache" / "metal", 2)
+
+
+@needs_cc
+@needs_proc_maps
+def test_a_function_keeps_its_library_loaded(tmp_path):
+    tc = compiler.toolchain()
+    path = compiler.compile_shared(compiler.PROBE, tc)
+    library = SharedLibrary(path, "cc")
+    probe = library.function("ocannl_probe", ctypes.c_int, [ctypes.c_int])
+    del library
+    gc.collect()
+    assert probe(13) == 40 and mappings(path.parent)
+    del probe
+    gc.collect()
+    assert mappings(path.parent) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad paths are errors naming them
+
+
+@needs_cc
+def test_a_cache_dir_that_cannot_be_created_names_the_path(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("not a directory")
+    monkeypatch.setenv("OCANNL_CACHE_DIR", str(tmp_path / "file" / "cache"))
+    with pytest.raises(CacheError, match=rf"{tmp_path / 'file'} exists and is not a directory"):
+        compiler.toolchain()
+    ok, reason = CBackend().available()
+    assert not ok and f"{tmp_path / 'file'} exists and is not a directory" in reason
+    monkeypatch.setenv("OCANNL_CACHE_DIR", str(tmp_path / "file"))
+    with pytest.raises(BackendUnavailable, match=rf"{tmp_path / 'file'} exists and is not a directory"):
+        oc.Context("c").compile(oc.tensor(np.ones(2, np.float32)) * 2)
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes anywhere")
+def test_an_unwritable_cache_dir_names_the_path(tmp_path, monkeypatch):
+    locked = open_dir(tmp_path / "locked", 0o500)
+    monkeypatch.setenv("OCANNL_CACHE_DIR", str(locked))
+    with pytest.raises(CacheError, match=rf"cannot create the kernel cache directory {locked / 'c'}"):
+        cache.directory("c")
+
+
+def test_a_home_that_does_not_exist_is_an_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("OCANNL_CACHE_DIR", "~ocannl-no-such-user/x")
+    with pytest.raises(CacheError, match=r"cache_dir='~ocannl-no-such-user/x' \(set by OCANNL_CACHE_DIR\).*"
+                                         r"'ocannl-no-such-user'"):
+        cache.root()
+    assert not (tmp_path / "~ocannl-no-such-user").exists()
+
+
+def test_a_binary_config_file_is_an_error_naming_it(tmp_path, monkeypatch):
+    monkeypatch.delenv("OCANNL_CACHE_DIR")
+    (tmp_path / "ocannl_config").write_bytes(b"\x7fELF\x02\x01\x01\x00\xff\xfe")
+    with pytest.raises(OcannlError, match=rf"{tmp_path / 'ocannl_config'} is not a text file"):
+        config.get("cache_dir")
+    (tmp_path / "ocannl_config").write_bytes(b"backend=c\x00\n")
+    with pytest.raises(OcannlError, match="NUL bytes"):
+        config.get("backend")
+
+
+@pytest.mark.parametrize("backend", ["interp", pytest.param("c", marks=needs_cc)])
+def test_an_unwritable_debug_dir_is_an_error_naming_it(tmp_path, backend):
+    (tmp_path / "file").write_text("not a directory")
+    ctx = oc.Context(backend, debug_dir=tmp_path / "file" / "debug")
+    with pytest.raises(OcannlError, match=rf"cannot write {tmp_path / 'file' / 'debug'} .*debug output of routine"):
+        ctx.compile(oc.tensor(np.ones(2, np.float32)) * 2)
+
+
+
+def test_the_triton_modules_live_in_the_same_checked_cache(tmp_path, monkeypatch):
+    from ocannl.backends.triton import runtime
+
+    monkeypatch.setenv("OCANNL_CACHE_DIR", str(open_dir(tmp_path / "shared")))
+    with pytest.warns(CacheWarning, match="writable by other users"):
+        assert runtime.cache_dir() == tmp_path / "xdg" / "ocannl" / "triton"
+    assert stat.S_IMODE(runtime.cache_dir().stat().st_mode) == 0o700
+
+
+def test_a_settings_file_cannot_choose_a_program_to_run(tmp_path, monkeypatch):
+    """A settings file in the working directory must not pick the compiler ocannl executes."""
+    from ocannl import config
+    from ocannl.errors import OcannlError
+
+    (tmp_path / "ocannl_config").write_text("metal_cxx=/tmp/evil\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(OcannlError, match="metal_cxx names a program to run"):
+        config.get("metal_cxx")

@@ -1,0 +1,214 @@
+"""Precisions from the host to every backend and back: bfloat16 values (never their bit patterns),
+64-bit integers kept whole, values a precision cannot hold refused with the tensor named.
+
+Each test runs on every backend available here (the Triton one under ``TRITON_INTERPRET=1``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ocannl as oc
+from ocannl import data, train
+from ocannl.backends import base
+from ocannl.errors import BackendUnavailable, OutOfBoundsError
+from ocannl.lowlevel import dtypes
+from ocannl.lowlevel.dtypes import DTypeError
+
+BACKENDS = ("interp", "c", "metal", "triton")
+
+
+@pytest.fixture(params=BACKENDS)
+def ctx(request) -> oc.Context:
+    """A context on the backend, made the default one (``t.numpy()`` runs there)."""
+    try:
+        context = oc.Context(request.param)
+    except BackendUnavailable as e:
+        pytest.skip(str(e))
+    base.set_default_context(context)
+    return context
+
+
+def bf16(values) -> np.ndarray:
+    """``values`` rounded to bfloat16, as float32 (the host's view of a bfloat16 buffer)."""
+    return dtypes.bfloat16_bits_to_float32(dtypes.float32_to_bfloat16_bits(np.asarray(values, np.float32)))
+
+
+# ---------------------------------------------------------------------------------------------
+# bfloat16
+
+
+def test_bfloat16_data_computes_with_its_values(ctx):
+    x = oc.tensor(np.array([1.5, -2.25, 3.0, 1.1], np.float32), dtype="bfloat16")
+    y = x * 1
+    assert y.dtype is dtypes.bfloat16
+    expected = bf16([1.5, -2.25, 3.0, 1.1])
+    assert expected[3] == np.float32(1.1015625)  # 1.1 is not a bfloat16: it rounds
+    np.testing.assert_array_equal(y.numpy(), expected)
+    np.testing.assert_array_equal(x.numpy(), expected)
+
+
+def test_float64_data_rounds_once_to_bfloat16():
+    """Just above the midpoint of 1 and the next bfloat16 (1 + 2**-7): through float32 first,
+    the value would become the midpoint itself and round to 1."""
+    x = 1 + 2**-8 + 2**-40
+    assert np.float32(x) == np.float32(1 + 2**-8)
+    t = oc.tensor(np.array([x, -x, 1 + 2**-8]), dtype="bfloat16")
+    np.testing.assert_array_equal(t.numpy(), [1 + 2**-7, -(1 + 2**-7), 1.0])  # the exact tie: to even
+
+
+def test_bfloat16_param_init_array_is_its_value(ctx):
+    w = oc.param("w", output=3, init=np.array([1.5, -2.25, 3.0]), dtype="bfloat16")
+    y = (w * 2).materialize()
+    ctx.compile(y).run()
+    np.testing.assert_array_equal(ctx.get(w.value), [1.5, -2.25, 3.0])
+    np.testing.assert_array_equal(ctx.get(y.value), [3.0, -4.5, 6.0])
+
+
+def test_bfloat16_set_and_get_round_to_bfloat16(ctx):
+    w = oc.param("w", output=3, init=0.0, dtype="bfloat16")
+    y = (w * 2).materialize()
+    routine = ctx.compile(y)
+    ctx.set(w.value, np.array([0.1, 1000.0, -7.0]))
+    routine.run()
+    assert ctx.get(w.value).dtype == np.float32
+    np.testing.assert_array_equal(ctx.get(w.value), bf16([0.1, 1000.0, -7.0]))
+    np.testing.assert_array_equal(ctx.get(y.value), 2 * bf16([0.1, 1000.0, -7.0]))
+    w.set(np.array([0.5, 0.25, -1.0]))  # through the tensor: every context holding it
+    routine.run()
+    np.testing.assert_array_equal(ctx.get(y.value), [1.0, 0.5, -2.0])
+
+
+def test_bfloat16_tensor_set_before_compiling(ctx):
+    w = oc.param("w", output=2, input=(), dtype="bfloat16")
+    w.set(np.array([3.0, -0.75]))
+    np.testing.assert_array_equal((w * 1).numpy(), [3.0, -0.75])
+
+
+def _moons_like(dtype: str, n_points: int, epochs: int, hidden: int = 16) -> tuple[list[float], list]:
+    """A 2-``hidden``-``hidden``-1 relu MLP with ``dtype`` parameters trained by SGD on the
+    half moons (the demo's model, loss and learning-rate schedule, sized down); the summed loss
+    of each epoch, and the parameters."""
+    points, labels = data.moons(n_points, noise=0.1, seed=0)
+    n_batches, steps = n_points // 10, epochs * (n_points // 10)
+    xs = oc.tensor(data.batches(points, 10), batch=2, label="xs")
+    ys = oc.tensor(data.batches(labels, 10), batch=2, label="ys")
+    batch_n, step_n = oc.IndexSymbol("batch_n", n_batches), oc.IndexSymbol("step_n", steps)
+    w1 = oc.param("w1", output=hidden, dtype=dtype)
+    b1 = oc.param("b1", output=hidden, init=0.0, dtype=dtype)
+    w2 = oc.param("w2", output=hidden, dtype=dtype)
+    b2 = oc.param("b2", output=hidden, init=0.0, dtype=dtype)
+    w3 = oc.param("w3", dtype=dtype)
+    h = oc.relu(w2 @ oc.relu(w1 @ xs[batch_n] + b1) + b2)
+    loss = oc.relu(1 - ys[batch_n] * (w3 @ h)).mean(label="loss")
+    update = train.grad_update(loss)
+    sgd = train.sgd_update(update, lr=0.1 * (2 * steps - step_n) / steps, weight_decay=1e-4)
+    ctx = base.default_context()
+    routine = ctx.compile(update, sgd)
+    epoch_losses = []
+    for e in range(epochs):
+        total = 0.0
+        for b in range(n_batches):
+            routine.run(batch_n=b, step_n=e * n_batches + b)
+            total += float(ctx.get(loss.value))
+        epoch_losses.append(total)
+    return epoch_losses, [w1, b1, w2, b2, w3]
+
+
+def test_bfloat16_params_train(ctx):
+    losses, params = _moons_like("bfloat16", n_points=80, epochs=6, hidden=8)
+    assert all(np.isfinite(losses))
+    assert losses[-1] < 0.6 * losses[0], losses
+    for p in params:
+        assert p.dtype is dtypes.bfloat16 and p.grad.dtype is dtypes.bfloat16
+        value = ctx.get(p.value)
+        np.testing.assert_array_equal(value, bf16(value))  # bfloat16 values, not bit patterns
+
+
+def test_bfloat16_moons_converges_on_c():
+    """The full demo schedule (800 points, 80 epochs) with bfloat16 parameters: about a second."""
+    try:
+        base.set_default_context(oc.Context("c"))
+    except BackendUnavailable as e:
+        pytest.skip(str(e))
+    losses, _ = _moons_like("bfloat16", n_points=800, epochs=80)
+    assert losses[-1] < 0.1, losses[::10]
+
+
+# ---------------------------------------------------------------------------------------------
+# 64-bit integers
+
+
+def test_int64_data_keeps_its_width(ctx):
+    x = oc.tensor(np.array([2**40, 3]), label="big")
+    assert x.dtype is dtypes.int64
+    np.testing.assert_array_equal(x.numpy(), [2**40, 3])
+    assert x.numpy().dtype == np.int64
+    np.testing.assert_array_equal((x * 1).numpy(), np.array([2**40, 3], np.float32))
+
+
+def test_int64_values_survive_a_gather(ctx):
+    """``take`` keeps its table's precision: int64 cells past 2**32 come back whole."""
+    table = oc.tensor(np.array([[2**40 + 1, -(2**50) - 3], [7, 2**62 + 5]]), label="table")
+    picked = oc.take(table, oc.tensor(np.array([1, 0, 1], np.int32)))
+    assert picked.dtype is dtypes.int64
+    np.testing.assert_array_equal(picked.numpy(), [[7, 2**62 + 5], [2**40 + 1, -(2**50) - 3], [7, 2**62 + 5]])
+
+
+def test_narrower_integer_data_keeps_int32_and_uint32():
+    assert oc.tensor(np.array([1, 2], np.int32)).dtype is dtypes.int32
+    assert oc.tensor(np.array([1, 2], np.int16)).dtype is dtypes.int32
+    assert oc.tensor(np.array([1, 2], np.uint16)).dtype is dtypes.int32
+    assert oc.tensor(np.array([2**32 - 1], np.uint32)).dtype is dtypes.uint32
+    assert oc.tensor(np.array([1.5])).dtype is dtypes.float32
+
+
+def test_values_that_do_not_fit_are_refused_naming_value_and_tensor():
+    with pytest.raises(DTypeError, match=r"'ids'.*1099511627776 does not fit int32.*dtype='int64'"):
+        oc.tensor(np.array([3, 2**40]), dtype="int32", label="ids")
+    with pytest.raises(DTypeError, match=r"'counts'.*18446744073709551615 does not fit int64"):
+        oc.tensor(np.array([2**64 - 1, 1], np.uint64), label="counts")
+    with pytest.raises(DTypeError, match=r"'u'.*-1 does not fit uint32"):
+        oc.tensor(np.array([-1, 1]), dtype="uint32", label="u")
+    with pytest.raises(DTypeError, match=r"'n'.*nan has no int64 equivalent"):
+        oc.tensor(np.array([np.nan]), dtype="int64", label="n")
+    offsets = oc.param("offsets", output=2, input=(), init=np.array([1, 2**40]), dtype="int32")
+    with pytest.raises(DTypeError, match=r"parameter 'offsets'.*1099511627776 does not fit int32"):
+        oc.Context("interp").compile(offsets * 1)
+
+
+def test_uint64_values_that_fit_become_int64(ctx):
+    x = oc.tensor(np.array([2**63 - 1, 5], np.uint64), label="u")
+    assert x.dtype is dtypes.int64
+    np.testing.assert_array_equal(x.numpy(), [2**63 - 1, 5])
+
+
+def test_set_refuses_what_the_node_cannot_hold(ctx):
+    w = oc.param("w", output=2, init=0.0)
+    ids = oc.tensor(np.array([0, 1], np.int32), label="ids")
+    y = (oc.take(w, ids) * 1).materialize()
+    ctx.compile(y).run()
+    with pytest.raises(DTypeError, match=r"ids.*2147483648 does not fit int32"):
+        ctx.set(ids.value, np.array([0, 2**31]))
+    with pytest.raises(DTypeError, match=r"ids.*inf has no int32 equivalent"):
+        ctx.set(ids.value, np.array([0.0, np.inf]))
+    np.testing.assert_array_equal(ctx.get(ids.value), [0, 1])  # unchanged
+
+
+def test_take_index_past_32_bits_is_out_of_bounds(ctx):
+    """``2**32 + 2`` narrowed to 32 bits would be row 2: the bounds check sees it whole."""
+    table = oc.tensor(np.arange(12, dtype=np.float32).reshape(4, 3), label="table")
+    picked = oc.take(table, oc.tensor(np.array([2**32 + 2, 1]), label="ids"))
+    with pytest.raises(OutOfBoundsError):
+        picked.numpy()
+
+
+def test_take_with_wide_indices_reads_the_right_rows(ctx):
+    table = np.arange(12, dtype=np.float32).reshape(4, 3)
+    for ids in (np.array([3, 0, 2]), np.array([3, 0, 2], np.uint32), np.array([3, 0, 2], np.uint64)):
+        picked = oc.take(oc.tensor(table), oc.tensor(ids))
+        np.testing.assert_array_equal(picked.numpy(), table[[3, 0, 2]])
+    large_uint32 = oc.take(oc.tensor(table), oc.tensor(np.array([2**32 - 1], np.uint32)))
+    with pytest.raises(OutOfBoundsError):  # not -1 wrapped to a row
+        large_uint32.numpy()
