@@ -101,7 +101,8 @@ from ocannl.backends.triton.partition import (
     signature_ok,
 )
 
-HELPERS = ("tanh", "pow", "threefry4x32", "uint4x32_of", "uniform1_float32", "uniform1_float64", "bfloat16_bits")
+HELPERS = ("tanh", "pow", "threefry4x32", "uint4x32_of", "uniform1_float32", "uniform1_float64", "bfloat16_bits",
+           "bfloat16_round")
 """The device functions of ocannl/backends/triton/tlib.py a module may import."""
 
 _NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*$")
@@ -872,8 +873,11 @@ class KernelWriter:
             isinstance(target, SetLocal) and target.value.a == GetLocal(target.local))
         x, y = (a, v) if old_first else (v, a)
         code = self.binary(op, x, y, dtype.compute)
-        if dtype in (dtypes.float16, dtypes.bfloat16):
-            code = f"{_paren(code)}.to({dtype.triton_name}).to(tl.float32)"
+        if dtype is dtypes.float16:
+            code = f"{_paren(code)}.to(tl.float16).to(tl.float32)"
+        elif dtype is dtypes.bfloat16:  # not .to(tl.bfloat16): the interpreter's conversion truncates
+            self.helpers.add("bfloat16_round")
+            code = f"bfloat16_round({code})"
         self.line(f"{acc} = {code}")
         for _ in opened:
             self.pop()

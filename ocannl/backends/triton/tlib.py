@@ -122,3 +122,10 @@ def bfloat16_bits(x):
     bits = x.to(tl.uint32, bitcast=True)
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
     return tl.where(x != x, (bits >> 16) | 0x40, rounded).to(tl.uint16)
+
+
+@triton.jit
+def bfloat16_round(x):
+    """float32 values rounded to the nearest bfloat16 (ties to even), as float32: the rounding
+    of a bfloat16 accumulator after each step, the same on the interpreter and the GPU."""
+    return (bfloat16_bits(x).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
