@@ -224,12 +224,14 @@ class Context:
 
     def has_value(self, tnode: TNode) -> bool:
         """Whether ``tnode`` has a buffer here: set by :meth:`set`, or used by a routine run."""
-        return tnode in self._buffers
+        return _node(tnode) in self._buffers
 
     def get(self, tnode: TNode) -> np.ndarray:
         """A copy of ``tnode``'s value, of shape ``tnode.dims`` (bfloat16 values come back as
         float32; uint4x32 values as uint32 with a trailing axis of 4). A node marked virtual that
-        the last routine computing it inlined has no value: the error says how to keep it."""
+        the last routine computing it inlined has no value: the error says how to keep it.
+        ``tnode`` may also be a tensor (its value node)."""
+        tnode = _node(tnode)
         if tnode in self._inlined:
             raise SessionError(_inlined_message(tnode, self._inlined[tnode]))
         if tnode not in self._buffers:
@@ -241,7 +243,8 @@ class Context:
     def set(self, tnode: TNode, array: Any) -> None:
         """Give ``tnode`` the value ``array`` (converted to the node's precision; its shape must
         be ``tnode.dims``, plus a trailing 4 for uint4x32). Values the precision cannot hold are a
-        :class:`~ocannl.lowlevel.dtypes.DTypeError`, not wrapped."""
+        :class:`~ocannl.lowlevel.dtypes.DTypeError`, not wrapped. ``tnode`` may also be a tensor."""
+        tnode = _node(tnode)
         value = np.asarray(array)
         shape = _buffer_shape(tnode)
         if value.shape != shape:
@@ -419,6 +422,17 @@ def check_binding(symbol: IndexSymbol, value: Any, routine: str) -> int:
             f"routine {routine}: index symbol {symbol.name} = {v} is outside [0, {limit}), the range of {what}"
         )
     return v
+
+
+def _node(x: Any) -> TNode:
+    """The node ``x`` names: a :class:`TNode`, or a tensor's value node (found by duck typing:
+    the backends never import the frontend)."""
+    if isinstance(x, TNode):
+        return x
+    value = getattr(x, "value", None)
+    if isinstance(value, TNode):
+        return value
+    raise TypeError(f"expected a tensor or a tensor node, got {type(x).__name__}")
 
 
 def _inlined_message(tnode: TNode, routine: str) -> str:

@@ -225,3 +225,19 @@ def test_default_context():
     session.reset()
     fresh = default_context()
     assert fresh is not ctx and default_context() is fresh
+
+
+def test_get_set_and_has_value_take_a_tensor():
+    import numpy as np
+    import ocannl as oc
+
+    x = oc.tensor(np.arange(3, dtype=np.float32))
+    y = x * 2
+    ctx = oc.Context("interp")
+    ctx.compile(y).run()
+    assert ctx.has_value(y)
+    np.testing.assert_array_equal(ctx.get(y), [0, 2, 4])
+    ctx.set(x, np.ones(3, np.float32))
+    np.testing.assert_array_equal(ctx.get(x), [1, 1, 1])
+    with pytest.raises(TypeError, match="expected a tensor"):
+        ctx.get("y")
