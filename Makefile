@@ -19,7 +19,7 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
-$(STAMP): $(PY) pyproject.toml constraints-cpu.txt
+$(STAMP): $(PY) pyproject.toml constraints-cpu.txt examples/numpy_loops/pyproject.toml
 ifeq ($(GPU),yes)
 	$(PY) -m pip install --quiet -e '.[dev,triton]'
 else
@@ -29,6 +29,8 @@ else
 	  || { echo "note: no CPU build of torch to install here: the Triton tests will skip"; \
 	       $(PY) -m pip install --quiet -e '.[dev]'; }
 endif
+	# The example backend of docs/backends.md, found through its entry point by the kit's tests.
+	$(PY) -m pip install --quiet --no-deps -e examples/numpy_loops
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -5,6 +5,7 @@ The public API (shared/DESIGN.md §4) is re-exported here: ``import ocannl as oc
 
 from ocannl import errors, init
 from ocannl.backends.base import Context
+from ocannl.checkpoint import load, save
 from ocannl.explain import explain_shapes
 from ocannl.init import seed
 from ocannl.lowlevel.indexing import IndexSymbol
@@ -21,5 +22,5 @@ __all__ = [
     "log", "log2", "lt", "max", "maximum", "mean", "minimum", "mul", "ne", "neg", "not_",
     "outer_sum", "pow", "recip", "recip_sqrt", "relu", "sat01", "sigmoid", "sin", "slice_batch",
     "sqrt", "sub", "sum", "tanh", "tropical", "where", "concat", "stack", "interleave",
-    "deinterleave_even", "deinterleave_odd", "take",
+    "deinterleave_even", "deinterleave_odd", "take", "save", "load",
 ]

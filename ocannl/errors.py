@@ -51,3 +51,8 @@ class OutOfBoundsError(OcannlError):
 class CompileError(OcannlError):
     """A compiler rejected a generated source, or did not produce a loadable library (a bug in
     ocannl, or a broken toolchain: the message holds the command and the compiler's output)."""
+
+
+class CheckpointError(OcannlError):
+    """A checkpoint file does not fit the tensors it is loaded into (a name missing or left
+    over, other dims, another precision), or the tensors to save cannot be named uniquely."""

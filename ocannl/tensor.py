@@ -295,6 +295,24 @@ class Tensor:
         raise TypeError("a Tensor has no truth value; use oc.where(...) for conditions, or "
                         "t.numpy() to read values")
 
+    # -- exchange with other array libraries (interop.py) ---------------------------------------
+
+    __array_ufunc__ = None
+    """numpy defers to the tensor's operators: ``ndarray + t`` is ``t.__radd__(ndarray)``, a
+    tensor, not an object array of tensors."""
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """The value as ``t.numpy()`` reads it, shared with the context's buffer where the backend
+        allows (``np.from_dlpack(t)``, ``torch.from_dlpack(t)``); see ``ocannl.interop``."""
+        from ocannl import interop
+
+        return interop.export(self, stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        from ocannl import interop
+
+        return interop.export_device(self)
+
     # Operators delegate to the op catalog (ops.py), where each op's logic lives.
     def __add__(self, o): return _ops().add(self, o)
     def __radd__(self, o): return _ops().add(o, self)
@@ -423,12 +441,18 @@ def tensor(array, batch: int = 0, input: int = 0, label: str | None = None,
     """Data from a numpy array (or nested lists): the first ``batch`` axes are batch axes, the
     last ``input`` axes input axes, the rest output axes (shared/DESIGN.md §4). Float data is
     float32 unless ``dtype`` says otherwise; integer data keeps its width (int64 stays int64,
-    ``dtypes.default_for``). A value the precision cannot hold is a ``DTypeError`` naming it."""
-    arr = np.asarray(array)
+    ``dtypes.default_for``). Another library's array (DLPack or the array interface: a torch
+    tensor, say) keeps its own precision instead: a float64 torch tensor stays float64. A value the
+    precision cannot hold is a ``DTypeError`` naming it."""
+    from ocannl import interop
+
+    foreign = interop.is_foreign_array(array)
+    arr = interop.host_array(array, f"oc.tensor {label or 'tensor'!r}") if foreign else np.asarray(array)
     if arr.dtype.kind not in "fiub":
         raise TypeError(f"oc.tensor: expected numeric data, got dtype {arr.dtype}")
     if dtype is None:
-        dtype = dtypes.default_for(arr)
+        # Another library's array keeps its precision; numpy data follows numpy's conventions.
+        dtype = interop.kept_dtype(arr) if foreign else dtypes.default_for(arr)
     elif isinstance(dtype, str):
         dtype = dtypes.by_name(dtype)
     # Kept as the host sees it (bfloat16 as float32), rounded and range-checked once here.
@@ -538,7 +562,17 @@ def as_tensor(x: Any) -> Tensor:
         return embed_symbol(x)
     if isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool):
         return number(x)
-    raise TypeError(f"expected a Tensor, a number or an IndexSymbol, got {type(x).__name__}")
+    if _is_array_operand(x):
+        return tensor(x, label="array")
+    raise TypeError(f"expected a Tensor, a number, an IndexSymbol or an array, got {type(x).__name__}")
+
+
+def _is_array_operand(x: Any) -> bool:
+    """An array as an operand (``t + ndarray``): its axes are output axes, as ``oc.tensor(x)``
+    makes them. Nested lists are not arrays here: ``t + [1, 2]`` is more likely a mistake."""
+    from ocannl import interop
+
+    return isinstance(x, np.ndarray) or interop.is_foreign_array(x)
 
 
 def finish_inference() -> None:

@@ -8,6 +8,11 @@ training step with each optimizer, PRNG bits, gathers) plus random einsum progra
 and compares each node with the interpreter's: exactly for integers and PRNG bits, within a
 tolerance for floats (libm's ``expf`` may differ from numpy's in the last place).
 
+Beyond the fixed programs, :func:`search_generated` lets hypothesis draw programs through the
+public frontend (pointwise chains, einsums, reductions, gathers, gradients, training steps); on a
+departure hypothesis shrinks the program to a minimal one, which :meth:`GeneratedProgram.script`
+prints as a runnable script. ``docs/backends.md`` tells backend authors how to use the kit.
+
 ``python -m ocannl.testing --backend c`` runs it and prints a summary; the test suite runs it for
 every available backend. :func:`compare` checks one computation on several backends and reports
 the first tensor and element where one departs from the interpreter.
@@ -16,6 +21,7 @@ the first tensor and element where one departs from the interpreter.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import time
 from dataclasses import dataclass, field
@@ -61,11 +67,13 @@ class Report:
     mismatches: list[Mismatch] = field(default_factory=list)
     errors: list[tuple[str, str]] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    generated: int = 0  # how many generated programs were searched
+    failure: GeneratedFailure | None = None  # the minimal generated program that departs
     seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
-        return not self.mismatches and not self.errors
+        return not self.mismatches and not self.errors and self.failure is None
 
     def summary(self) -> str:
         lines = [f"conformance of {self.backend!r}: {len(self.passed)} programs passed, "
@@ -74,6 +82,12 @@ class Report:
         lines += [f"  MISMATCH {m}" for m in self.mismatches]
         lines += [f"  ERROR {name}: {err}" for name, err in self.errors]
         lines += [f"  not applicable {name}: {why}" for name, why in self.skipped]
+        if self.generated:
+            lines.append(f"generated programs: {self.generated} searched, "
+                         + ("all agree" if self.failure is None else "a departure found"))
+        if self.failure is not None:
+            lines += [f"  GENERATED {self.failure}", "  reproduce it with this script:", "",
+                      self.failure.program.script(self.backend)]
         return "\n".join(lines)
 
 
@@ -138,8 +152,9 @@ def compare(build: Callable[[], Sequence], backends: Sequence[str], runs: Sequen
 
 
 def conformance(backend: str, programs: Iterable[Program] | None = None, random_programs: int = 20,
-                seed: int = 0) -> Report:
-    """Run the catalog (and ``random_programs`` random einsum programs) on ``backend``."""
+                seed: int = 0, generated: int = 0) -> Report:
+    """Run the catalog (and ``random_programs`` random einsum programs) on ``backend``, then
+    search ``generated`` hypothesis-generated programs (:func:`search_generated`)."""
     report = Report(backend)
     start = time.perf_counter()
     programs = list(programs) if programs is not None else catalog()
@@ -161,6 +176,9 @@ def conformance(backend: str, programs: Iterable[Program] | None = None, random_
             report.passed.append(program.name)
         else:
             report.mismatches.append(m)
+    if generated:
+        report.generated = generated
+        report.failure = search_generated(backend, examples=generated, seed=seed)
     report.seconds = time.perf_counter() - start
     session.reset()
     return report
@@ -371,6 +389,170 @@ def random_einsum_program(rng: np.random.Generator, index: int = 0) -> Program:
 
 
 # ---------------------------------------------------------------------------------------------
+# Generated programs: hypothesis draws them, and shrinks a failing one.
+
+
+@dataclass(frozen=True)
+class GeneratedProgram:
+    """A program drawn by :func:`generated_programs`, kept as the Python source of its ``build``
+    function (so that the script printed for a failure is exactly what ran). ``ops`` counts its
+    operations (the parameters and the loss aside)."""
+
+    source: str
+    ops: int
+    runs: int = 1
+
+    def program(self, name: str = "generated program") -> Program:
+        namespace: dict = {}
+        exec(compile(_GEN_IMPORTS + self.source, f"<{name}>", "exec"), namespace)  # noqa: S102 - our text
+        return Program(name, namespace["build"], ({},) * self.runs)
+
+    def script(self, backend: str) -> str:
+        """A runnable script reproducing the comparison of this program on ``backend``."""
+        return "\n".join([
+            f"# A program on which backend {backend!r} departs from the interpreter,",
+            "# found and minimized by `python -m ocannl.testing`.",
+            _GEN_IMPORTS + "from ocannl.testing import compare",
+            "",
+            self.source.rstrip(),
+            "",
+            "",
+            f"for mismatch in compare(build, [{backend!r}], runs=[{{}}] * {self.runs}):",
+            "    print(mismatch)",
+            "",
+        ])
+
+
+@dataclass
+class GeneratedFailure:
+    """The minimal generated program on which a backend departs from the interpreter."""
+
+    program: GeneratedProgram
+    problem: str  # the first mismatch, or the backend's exception
+
+    def __str__(self) -> str:
+        return f"{self.problem}\n(minimal program: {self.program.ops} ops)"
+
+
+_GEN_IMPORTS = "import numpy as np\nimport ocannl as oc\nfrom ocannl import train\n"
+_GEN_UNARY = ("relu", "neg", "abs", "tanh", "sigmoid", "sin", "cos", "exp")
+_GEN_BINARY = {"add": "{a} + {b}", "sub": "{a} - {b}", "mul": "{a} * {b}",
+               "maximum": "oc.maximum({a}, {b})", "minimum": "oc.minimum({a}, {b})"}
+_GEN_REDUCE = ("sum", "mean", "max")
+
+
+def generated_programs():
+    """A hypothesis strategy of :class:`GeneratedProgram`: one to three parameters, then a
+    chain of one to six operations, each on earlier values (pointwise unary and binary ops,
+    scalings by constants, einsums of one or two operands, full reductions, partial max
+    reductions, gathers), ended by the last value itself, its gradients, or training steps
+    (SGD, two runs). Every choice shrinks toward the simplest: fewer parameters and ops, unary
+    ``relu``, small sizes, the forward ending."""
+    from hypothesis import strategies as st
+
+    @st.composite
+    def draw_program(draw) -> GeneratedProgram:
+        sizes = {c: draw(st.integers(1, 3)) for c in "ijk"}
+        fresh = iter("pqrs")
+        lines, values = [], []  # values: (variable, labels)
+
+        def dims(labels: str) -> tuple[int, ...]:
+            return tuple(sizes[c] for c in labels)
+
+        for n in range(draw(st.integers(1, 3))):
+            labels = draw(st.sampled_from(("i", "ij", "jk", "ijk", "ki")))
+            seed = draw(st.integers(0, 1 << 16))
+            lines.append(f"p{n} = oc.param('p{n}', output={dims(labels)}, "
+                         f"init=np.random.default_rng({seed}).uniform(-1, 1, {dims(labels)}).astype(np.float32))")
+            values.append((f"p{n}", labels))
+        n_ops = draw(st.integers(1, 6))
+        for k in range(n_ops):
+            kind = draw(st.sampled_from(("unary", "binary", "scale", "einsum", "reduce", "einmax", "take")))
+            var, labels = draw(st.sampled_from(values))
+            out, new = f"v{k}", labels
+            if kind == "unary":
+                expr = f"oc.{draw(st.sampled_from(_GEN_UNARY))}({var})"
+            elif kind == "binary":
+                other = draw(st.sampled_from([v for v, ls in values if ls == labels]))
+                expr = _GEN_BINARY[draw(st.sampled_from(sorted(_GEN_BINARY)))].format(a=var, b=other)
+            elif kind == "scale":
+                expr = f"{var} * {draw(st.sampled_from((2.0, -0.5, 0.25)))} + {draw(st.sampled_from((0.0, 1.0, -3.0)))}"
+            elif kind == "einsum" and labels:
+                operands = [(var, labels)]
+                if draw(st.booleans()):
+                    operands.append(draw(st.sampled_from([v for v in values if v[1]])))
+                union = sorted(set("".join(ls for _, ls in operands)))
+                new = "".join(draw(st.permutations(union))[:draw(st.integers(0, len(union)))])
+                spec = ";".join(ls for _, ls in operands) + "=>" + new
+                expr = f"oc.einsum({spec!r}, {', '.join(v for v, _ in operands)})"
+            elif kind == "einmax" and labels:
+                new = labels[:draw(st.integers(0, len(labels) - 1))]
+                expr = f"oc.einmax({labels + '=>' + new!r}, {var})"
+            elif kind == "take" and labels:
+                rows = draw(st.lists(st.integers(0, sizes[labels[0]] - 1), min_size=1, max_size=3))
+                letter = next(fresh, None)
+                if letter is None:
+                    expr = f"oc.relu({var})"
+                else:
+                    sizes[letter] = len(rows)
+                    new = letter + labels[1:]
+                    expr = f"oc.take({var}, oc.tensor(np.array({rows})))"
+            else:  # full reductions, and the operations above on a scalar
+                new = ""
+                expr = f"{var}.{draw(st.sampled_from(_GEN_REDUCE))}()"
+            lines.append(f"{out} = {expr}")
+            values.append((out, new))
+        last, labels = values[-1]
+        ending = draw(st.sampled_from(("forward", "grad", "sgd")))
+        if ending == "forward":
+            lines.append(f"return [{last}]")
+        else:
+            weights = f"np.random.default_rng(7).uniform(-1, 1, {dims(labels)}).astype(np.float32)"
+            lines.append(f"loss = ({last} * oc.tensor({weights})).sum(label='loss')")
+            lines.append("update = train.grad_update(loss)")
+            lines.append("return [update]" if ending == "grad" else "return [update, train.sgd_update(update, lr=0.1)]")
+        source = "def build():\n" + "".join(f"    {line}\n" for line in lines)
+        return GeneratedProgram(source, n_ops, runs=2 if ending == "sgd" else 1)
+
+    return draw_program()
+
+
+def _generated_problem(program: GeneratedProgram, backend: str, exact: bool = False) -> str | None:
+    """Why ``backend`` departs from the interpreter on ``program`` (``None``: it agrees). The
+    interpreter's own failure is not caught: it would be the generator's bug."""
+    p = program.program()
+    expected = run_program(p, "interp")
+    try:
+        got = run_program(p, backend)
+    except Exception as exc:  # noqa: BLE001 - a backend's failure is a finding
+        return f"{backend} failed: {type(exc).__name__}: {exc}".splitlines()[0]
+    m = first_mismatch(p.name, expected, got, exact=exact)
+    return None if m is None else str(m)
+
+
+def search_generated(backend: str, examples: int = 25, seed: int = 0, exact: bool = False) -> GeneratedFailure | None:
+    """Run up to ``examples`` generated programs on ``backend``; on the first departure from
+    the interpreter (floats within the kit's tolerance, or bit for bit with ``exact``), let
+    hypothesis shrink it and return the minimal one (``None``: all agree). Deterministic for a
+    given ``seed`` (no example database)."""
+    import random
+
+    from hypothesis import HealthCheck, find, settings
+    from hypothesis.errors import NoSuchExample
+
+    config = settings(max_examples=examples, database=None, deadline=None,
+                      suppress_health_check=list(HealthCheck))
+    try:
+        minimal = find(generated_programs(), lambda p: _generated_problem(p, backend, exact) is not None,
+                       settings=config, random=random.Random(seed))
+    except NoSuchExample:
+        return None
+    finally:
+        session.reset()
+    return GeneratedFailure(minimal, _generated_problem(minimal, backend, exact) or "(no longer departs)")
+
+
+# ---------------------------------------------------------------------------------------------
 # Command line.
 
 
@@ -381,6 +563,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ocannl.testing", description=__doc__.splitlines()[0])
     parser.add_argument("--backend", required=True, help="the backend to check against the interpreter")
     parser.add_argument("--random", type=int, default=20, help="number of random einsum programs")
+    parser.add_argument("--generated", type=int, default=50,
+                        help="number of hypothesis-generated programs to search (0: none)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     try:
@@ -388,7 +572,10 @@ def main(argv: list[str] | None = None) -> int:
     except BackendUnavailable as exc:
         print(f"backend {args.backend!r} is not available here: {exc}")
         return 2
-    report = conformance(args.backend, random_programs=args.random, seed=args.seed)
+    if args.generated and importlib.util.find_spec("hypothesis") is None:
+        print("note: generated programs need hypothesis (pip install 'ocannl[dev]'): searching none")
+        args.generated = 0
+    report = conformance(args.backend, random_programs=args.random, seed=args.seed, generated=args.generated)
     print(report.summary())
     return 0 if report.ok else 1
 

@@ -6,6 +6,13 @@ own backprop reads it, since every consumer was created after it). Optimizers ar
 too, written as accumulating assignments over each parameter, so ``ctx.compile(update, sgd)``
 compiles forward, backward and the parameter update into one routine, compiled once and run many
 times with different index bindings.
+
+Optimizer state (momentum buffers, Adam's moments and step count) belongs to the parameter, not
+to one call of an optimizer: ``adam_update`` called on two gradient updates that share a
+parameter (the same model compiled for two batch sizes, say) reads and writes the same state
+nodes, so alternating the two routines on one context continues one run of Adam instead of
+starting a second from zero. ``save_checkpoint`` / ``load_checkpoint`` save that state with the
+parameters.
 """
 
 from __future__ import annotations
@@ -16,8 +23,9 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from ocannl import ops
+from ocannl import checkpoint, ops, session
 from ocannl.errors import ShapeError
+from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.assignments import Accum, Apply, Arg, Assignment, Block, Computation, Constant, Fetch, Init
 from ocannl.lowlevel.scalar_ops import Binop, Unop
 from ocannl.lowlevel.tnode import TNode
@@ -34,7 +42,10 @@ class GradUpdate:
     computation: Computation
 
     def to_computation(self) -> Computation:
-        return self.computation
+        """The computation, with the initializers as they are now: a parameter given a value
+        with ``p.set`` (or ``load_checkpoint``) after ``grad_update`` starts from that value."""
+        inits = tuple(init for u in subgraph(self.loss) if (init := u.initializer()) is not None)
+        return Computation(self.computation.name, self.computation.body, inits)
 
 
 def grad_update(loss: Tensor) -> GradUpdate:
@@ -54,23 +65,69 @@ def grad_update(loss: Tensor) -> GradUpdate:
     return GradUpdate(loss, params, Computation(f"{loss.label}_grad_update", body, forward.inits))
 
 
+_optimizer_state: dict[TNode, dict[str, TNode]] = {}
+"""A parameter's value node -> its optimizer state nodes by name (``adam_m``, ``adam_v``,
+``adam_step``, ``sgd_momentum``). Keyed by node, which hashes by identity; forgotten with the
+session."""
+
+
+@session.on_reset
+def _forget_optimizer_state() -> None:
+    _optimizer_state.clear()
+
+
+def optimizer_state(p: Tensor) -> dict[str, TNode]:
+    """The optimizer state nodes of parameter ``p`` made so far, by name (a copy)."""
+    return dict(_optimizer_state.get(p.value, {}))
+
+
 @dataclass
 class _ParamUpdate:
-    """An optimizer step: per-parameter assignments plus their state buffers' initializers."""
+    """An optimizer step: per-parameter assignments plus their state buffers' initializers.
+    ``states`` lists the state nodes it reads, by parameter, for checkpoints."""
 
     name: str
     body: list[Assignment] = field(default_factory=list)
     inits: list[tuple[TNode, Init]] = field(default_factory=list)
     prelude: tuple[Assignment, ...] = ()
+    params: list[Tensor] = field(default_factory=list)
+    states: list[tuple[Tensor, str, TNode]] = field(default_factory=list)
 
     def to_computation(self) -> Computation:
+        state_inits = tuple((node, _initial_state(node)) for _, _, node in self.states)
         return Computation(self.name, Block(self.prelude + tuple(self.body), comment=self.name),
-                           tuple(self.inits))
+                           tuple(self.inits) + state_inits)
 
-    def state(self, p: Tensor, what: str, dims: tuple[int, ...] | None = None) -> TNode:
-        node = TNode(f"{p.label}_{what}", dims=p.dims if dims is None else dims, dtype=p.dtype)
-        self.inits.append((node, Fetch(node, Constant(0.0))))
+    def state(self, p: Tensor, what: str, dims: tuple[int, ...] | None = None,
+              dtype: dtypes.DType | None = None) -> TNode:
+        """``p``'s state node ``what``, zero before the first step: the node an earlier
+        optimizer step made for ``p`` when there is one, so that every routine updating ``p``
+        shares it; its zero initializer only runs on a context where it has no value yet."""
+        per_param = _optimizer_state.setdefault(p.value, {})
+        node = per_param.get(what)
+        if node is None:
+            node = TNode(f"{p.label}_{what}", dims=p.dims if dims is None else dims,
+                         dtype=p.dtype if dtype is None else dtype)
+            per_param[what] = node
+        self.states.append((p, what, node))
         return node
+
+
+def _initial_state(node: TNode) -> Init:
+    """A state node's value on a context that has none yet: what ``load_checkpoint`` loaded for
+    it, else zero."""
+    loaded = _loaded_state.get(node)
+    return loaded if loaded is not None else Fetch(node, Constant(0.0))
+
+
+_loaded_state: dict[TNode, np.ndarray] = {}
+"""State values ``load_checkpoint`` read without a context: contexts compiling the state later
+start from them, as a tensor's ``set`` value reaches contexts compiling it later."""
+
+
+@session.on_reset
+def _forget_loaded_state() -> None:
+    _loaded_state.clear()
 
 
 def _scalar(x, what: str):
@@ -131,6 +188,7 @@ def sgd_update(update: GradUpdate, lr=0.1, momentum: float = 0.0, weight_decay: 
         raise ValueError("sgd_update: nesterov=True needs momentum > 0")
     lr_val, lr_dims = _scalar(lr, "lr")
     step = _hyperparameter(lr_val, f"{update.loss.label}_sgd_update")
+    step.params = list(update.params)
     for p in update.params:
         dims = p.dims
         g, pv = p.grad, p.value
@@ -159,13 +217,17 @@ def adam_update(update: GradUpdate, lr=1e-3, betas: tuple[float, float] = (0.9, 
     b1, b2 = betas
     lr_val, lr_dims = _scalar(lr, "lr")
     step = _hyperparameter(lr_val, f"{update.loss.label}_adam_update")
-    t = TNode("adam_step", dims=(), dtype=update.params[0].dtype if update.params else None)  # type: ignore[arg-type]
-    step.inits.append((t, Fetch(t, Constant(0.0))))
-    step.body.append(Accum(t, Binop.ADD, Unop.ID, (1.0,), lambda: identity_projections((), [()]), spec="."))
+    step.params = list(update.params)
     l2 = 0.0 if decoupled else weight_decay
     for p in update.params:
         dims = p.dims
         g, pv = p.grad, p.value
+        # The step count is per parameter (as torch.optim.Adam keeps it), so that routines
+        # updating different subsets of the parameters each count only their own steps. It is
+        # counted in float32 (float64 for a float64 parameter): a half-precision count would
+        # stop growing after 2048 (float16) or 256 (bfloat16) steps.
+        t = step.state(p, "adam_step", dims=(), dtype=dtypes.float64 if p.dtype is dtypes.float64 else dtypes.float32)
+        step.body.append(Accum(t, Binop.ADD, Unop.ID, (1.0,), lambda: identity_projections((), [()]), spec="."))
         m, v = step.state(p, "adam_m"), step.state(p, "adam_v")
         if decoupled and weight_decay:
             shrink = Apply(Binop.SUB, (1.0, Apply(Binop.MUL, (Arg(0), weight_decay))))
@@ -193,6 +255,41 @@ def _hyperparameter(x, name: str) -> _ParamUpdate:
         return _ParamUpdate(name)
     forward = x.to_computation()
     return _ParamUpdate(name, inits=list(forward.inits), prelude=(forward.body,))
+
+
+def checkpoint_entries(optimizers) -> list[checkpoint.Entry]:
+    """The parameters ``optimizers`` update (an optimizer step, or a list of them) under their
+    labels, and each parameter's optimizer state as ``<label>.<state>`` (``w1.adam_m``,
+    ``w1.adam_step``, ``w1.sgd_momentum``)."""
+    steps = [optimizers] if isinstance(optimizers, _ParamUpdate) else list(optimizers)
+    for s in steps:
+        if not isinstance(s, _ParamUpdate):
+            raise TypeError(f"a training checkpoint takes the optimizer steps sgd_update/adam_update return, "
+                            f"got {type(s).__name__}")
+    found = checkpoint.entries([p for s in steps for p in s.params])
+    name_of = {e.node: e.name for e in found}
+    found += [checkpoint.Entry(f"{name_of[p.value]}.{what}", node, None)
+              for s in steps for p, what, node in s.states]
+    return checkpoint.unique(found)
+
+
+def save_checkpoint(path, optimizers, *, context=None) -> None:
+    """Save the parameters of ``optimizers`` and their optimizer state (moments, momentum
+    buffers, Adam's step counts) to the safetensors file ``path``, atomically; from ``context``
+    when given, else as ``t.numpy()`` reads them. Index bindings (``step_n`` in a learning-rate
+    schedule) are the caller's: resume by binding the step to continue from."""
+    checkpoint.write(path, checkpoint_entries(optimizers), context=context)
+
+
+def load_checkpoint(path, optimizers, *, context=None, strict: bool = True) -> None:
+    """Restore what :func:`save_checkpoint` saved, checking names, dims and precisions first
+    (see ``oc.load``). Values go to ``context`` when given; else to every context holding them,
+    and optimizer state also to contexts compiling these steps later. Training on from here
+    gives the bits an uninterrupted run gives."""
+    values = checkpoint.read(path, checkpoint_entries(optimizers), strict=strict)
+    if context is None:
+        _loaded_state.update((e.node, v) for e, v in values if e.tensor is None)
+    checkpoint.assign(values, context=context)
 
 
 def sequential_loop(routine, **ranges: Iterable[int]) -> Iterable[dict[str, int]]:

@@ -107,14 +107,58 @@ def register_backend(name: str, factory: Callable[..., Backend], *, preference: 
     _registry[name] = _Registration(factory, preference, options)
 
 
+ENTRY_POINT_GROUP = "ocannl.backends"
+_plugin_errors: dict[str, str] = {}
+_plugins_loaded = False
+
+
+def _load_plugins() -> None:
+    """Register the backends of installed distributions, once, on first need: each entry point
+    of the ``ocannl.backends`` group names a backend and a factory (a callable returning the
+    backend, taking the keyword arguments listed in its ``options`` attribute, if any; its
+    ``preference`` attribute, default -1, ranks it for :meth:`Context.auto`). Loading is lazy so
+    that importing ocannl never imports a plugin; a plugin that fails to load is remembered and
+    named when someone asks for it, and the other backends stay usable."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in _registry:
+            continue  # built-in names and explicit registrations win
+        try:
+            factory = ep.load()
+        except Exception as exc:  # noqa: BLE001 - any import failure makes the plugin unusable
+            _plugin_errors[ep.name] = (f"plugin entry point {ep.name} = {ep.value!r} failed to load: "
+                                       f"{type(exc).__name__}: {exc}")
+            continue
+        register_backend(ep.name, factory, preference=getattr(factory, "preference", -1),
+                         options=tuple(getattr(factory, "options", ())))
+
+
+def reload_plugins() -> None:
+    """Look at the installed entry points again (after installing a plugin in a running process)."""
+    global _plugins_loaded
+    _plugins_loaded = False
+    _plugin_errors.clear()
+    _load_plugins()
+
+
 def registered_backends() -> tuple[str, ...]:
-    """Backend names, most preferred first."""
+    """Backend names, most preferred first (plugins included)."""
+    _load_plugins()
     return tuple(sorted(_registry, key=lambda n: -_registry[n].preference))
 
 
 def get_backend(name: str, **options: Any) -> Backend:
     """A fresh instance of backend ``name`` made with ``options``; :class:`BackendUnavailable`
     if it cannot run here."""
+    if name not in _registry:
+        _load_plugins()
+    if name in _plugin_errors:
+        raise BackendUnavailable(f"backend {name!r} is unusable: {_plugin_errors[name]}")
     if name not in _registry:
         raise BackendUnavailable(
             f"unknown backend {name!r}; known backends: {', '.join(registered_backends())}"
@@ -239,6 +283,16 @@ class Context:
                 f"{tnode.debug_name} has no value on this context: run a routine that computes it, or set it"
             )
         return dtypes.from_storage(tnode.dtype, self._memory.to_host(self._buffers[tnode]))
+
+    def buffer(self, tnode: TNode) -> Any:
+        """``tnode``'s buffer itself, not a copy: a numpy array in the node's storage dtype, or
+        what the backend's :class:`BufferOwner` holds (a torch tensor on Triton). Runs of this
+        context's routines write into it; :meth:`set` replaces it. For zero-copy exchange
+        (``Tensor.__dlpack__``); :meth:`get` is the safe read."""
+        tnode = _node(tnode)
+        if tnode in self._inlined or tnode not in self._buffers:
+            self.get(tnode)  # raises the error saying why there is no value
+        return self._buffers[tnode]
 
     def set(self, tnode: TNode, array: Any) -> None:
         """Give ``tnode`` the value ``array`` (converted to the node's precision; its shape must

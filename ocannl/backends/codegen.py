@@ -46,42 +46,17 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Mapping
 
 from ocannl.lowlevel import dtypes
+from ocannl.lowlevel.analysis import affine_form, provably_within, row_major_strides
 from ocannl.lowlevel.dtypes import DType
 from ocannl.lowlevel.identifiers import Namespace, comment_text
-from ocannl.lowlevel.indexing import Affine, AnySymbol, AxisIndex, Fixed, IndexSymbol, Iter, Symbol, index_bounds
+from ocannl.lowlevel.indexing import Affine, AnySymbol, AxisIndex, Fixed, IndexSymbol, Iter, Symbol, index_symbols
 from ocannl.lowlevel.ir import (
-    Binary,
-    Cast,
-    Comment,
-    Const,
-    DeclareLocal,
-    EmbedIndex,
-    Expr,
-    Fill,
-    For,
-    GetLocal,
-    Load,
-    LoadDynamic,
-    Local,
-    LocalScope,
-    LoopKind,
-    Namer,
-    RoutineIR,
-    Seq,
-    SetLocal,
-    Stmt,
-    Store,
-    StoreDynamic,
-    Ternary,
-    Unary,
-    format_routine,
-    format_stmt,
-    iter_exprs,
-    iter_stmts,
-    seq,
-    stmt_exprs,
+    Binary, Cast, Comment, Const, DeclareLocal, EmbedIndex, Expr, Fill, For, GetLocal, Load, LoadDynamic, Local,
+    LocalScope, LoopKind, Namer, RoutineIR, Seq, SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary,
+    format_routine, format_stmt, iter_exprs, iter_stmts, seq, stmt_exprs,
 )
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
+from ocannl.lowlevel.schedule import block_terms, blocked_reduction_of, reduction_of
 from ocannl.lowlevel.tnode import TNode
 
 PARALLEL_MIN_WORK = 1 << 17
@@ -220,7 +195,7 @@ class ContractionPlan:
 
     @property
     def work(self) -> int:
-        terms = _product(n for _, n in self.reductions) if self.blocks is None else _block_terms(self.blocks)
+        terms = _product(n for _, n in self.reductions) if self.blocks is None else block_terms(self.blocks)
         return _product(n for _, n in self.parallel) * terms
 
     @property
@@ -233,7 +208,8 @@ def plan_contraction(loop: For) -> ContractionPlan | None:
     contraction worth tiling.
 
     A contraction accumulates into one cell per iteration of its *parallel* loops, the loops
-    that index the written cell, over its *reduction* loops. Three forms reach the emitter:
+    that index the written cell, over its *reduction* loops. Three forms reach the emitter, read
+    as one :class:`~ocannl.lowlevel.schedule.Reduction` record:
 
     * a perfect nest of loops, in any order, around ``out[I] := out[I] <op> term`` (``I`` indexed
       by the parallel loops only; gradients put the batch reduction outermost);
@@ -249,62 +225,21 @@ def plan_contraction(loop: For) -> ContractionPlan | None:
     blocked = _plan_blocked_contraction(loop)
     if blocked is not None:
         return blocked
-    chain, body = _perfect_chain(loop)
-    reset: Const | None = None
-    scope: LocalScope | None = None
-    init: Const | None = None
-    if isinstance(body, Seq) and len(body.stmts) == 2 and isinstance(body.stmts[0], Store):
-        first, rest = body.stmts
-        if not isinstance(first.value, Const) or not isinstance(rest, For) or first.skip_oob:
-            return None
-        reset = first.value
-        more, body = _perfect_chain(rest)
-        chain = chain + more
-        if not isinstance(body, Store) or (first.tnode, first.indices) != (body.tnode, body.indices):
-            return None
-    if not isinstance(body, Store) or body.skip_oob:
+    found = reduction_of(loop)
+    if found is None or not found.separable or (found.scope is not None and found.parallel != found.around):
         return None
-    store = body
-    out, idx, value = store.tnode, store.indices, store.value
-    bare = {i.symbol for i in idx if isinstance(i, Iter)}
-    used = {x for i in idx for x in _index_symbols(i)}
-    parallel = [(s, n) for s, n in chain if s in bare]
-    reductions = [(s, n) for s, n in chain if s not in used]
-    if len(parallel) + len(reductions) != len(chain):
-        return None
-    if reset is not None and chain[: len(parallel)] != parallel:
-        return None
-    scopes = [e for e in iter_exprs(value) if isinstance(e, LocalScope)]
-    if not reductions and len(scopes) == 1:  # the third form
-        scope = scopes[0]
-        local = scope.local
-        steps = list(scope.body.stmts) if isinstance(scope.body, Seq) else [scope.body]
-        first_step = steps[0]
-        if isinstance(first_step, SetLocal) and first_step.local is local and isinstance(first_step.value, Const):
-            init = first_step.value
-            steps = steps[1:]
-        if len(steps) != 1:
-            return None
-        reductions, update = _perfect_chain(steps[0])
-        if not (
-            isinstance(update, SetLocal)
-            and update.local is local
-            and isinstance(update.value, Binary)
-            and update.value.a == GetLocal(local)
-        ):
-            return None
-        op, term = update.value.op, update.value.b
-        for e in iter_exprs(value):
-            if isinstance(e, GetLocal) or (isinstance(e, (Load, LoadDynamic)) and e.tnode is out and e.indices != idx):
-                return None
-    elif isinstance(value, Binary) and value.a == Load(out, idx) and not scopes:
-        op, term = value.op, value.b
-    else:
+    store, op, term, scope, init = found.store, found.op, found.term, found.scope, found.init
+    reset = found.reset.value if found.reset is not None else None
+    out, idx = store.tnode, store.indices
+    if scope is not None and any(isinstance(e, (Load, LoadDynamic)) and e.tnode is out and e.indices != idx
+                                 for e in iter_exprs(store.value)):
         return None
     for e in iter_exprs(term):
         if isinstance(e, (GetLocal, LocalScope)) or (isinstance(e, (Load, LoadDynamic)) and e.tnode is out):
             return None
-    if not reductions or any(x in used for x, _ in reductions):
+    parallel = [(f.symbol, f.extent) for f in found.parallel]
+    reductions = list(found.loop_extents)
+    if not reductions:
         return None
     p_volume = _product(n for _, n in parallel)
     r_volume = _product(n for _, n in reductions)
@@ -341,88 +276,17 @@ def plan_contraction(loop: For) -> ContractionPlan | None:
 
 def _plan_blocked_contraction(loop: For) -> ContractionPlan | None:
     """The plan of a contraction whose reduction is in blocks of the summation order
-    (``ContractionPlan.blocks``): parallel loops indexing one cell, then either an optional reset
-    of the cell and loops around leaf stores each adding one block sum to the cell, or the store
-    ``out[I] := f(v { v := init; <loops around leaves v := v + block sum> })`` (the reduction
-    inlined into its consumer). A block sum adds terms, or the sums of smaller blocks (beyond
-    64 x 64 terms), each from zero."""
-    chain, body = _perfect_chain(loop)
-    stores = [s for s in iter_stmts(loop) if isinstance(s, Store)]
-    if not stores:
+    (``ContractionPlan.blocks``, recognized by
+    :func:`~ocannl.lowlevel.schedule.blocked_reduction_of`), when it is worth tiling."""
+    found = blocked_reduction_of(loop)
+    if found is None:
         return None
-    out, idx = stores[-1].tnode, stores[-1].indices
-    scope: LocalScope | None = None
-    init: Const | None = None
-    bare = {i.symbol for i in idx if isinstance(i, Iter)}
-    used = {x for i in idx for x in _index_symbols(i)}
-    parallel = []
-    while chain and chain[0][0] in bare:
-        parallel.append(chain.pop(0))
-    if not parallel or len(parallel) != len(bare):
-        return None
-    rest: Stmt = body
-    for s, n in reversed(chain):
-        rest = For(s, n, rest, LoopKind.REDUCTION)
-    steps = list(rest.stmts) if isinstance(rest, Seq) else [rest]
-    reset = None
-    if steps and isinstance(steps[0], Store) and isinstance(steps[0].value, Const):
-        if (steps[0].tnode, steps[0].indices) != (out, idx) or steps[0].skip_oob:
-            return None
-        reset = steps.pop(0).value
-    elif len(steps) == 1 and isinstance(steps[0], Store) and (steps[0].tnode, steps[0].indices) == (out, idx):
-        scopes = [e for e in iter_exprs(steps[0].value) if isinstance(e, LocalScope)]
-        if len(scopes) != 1 or steps[0].skip_oob or any(
-            isinstance(e, GetLocal) or (isinstance(e, (Load, LoadDynamic)) and e.tnode is out)
-            for e in iter_exprs(steps[0].value)
-        ):
-            return None
-        scope = scopes[0]
-        steps = list(scope.body.stmts) if isinstance(scope.body, Seq) else [scope.body]
-        if steps and isinstance(steps[0], SetLocal) and steps[0].local is scope.local and isinstance(steps[0].value, Const):
-            init = steps.pop(0).value
-    updates: list[SetLocal] = []  # the statements adding a term to a block sum
-
-    def block_sum(stmt: Stmt, local: Local) -> bool:
-        """Whether ``stmt`` (a block's body) adds terms, or block sums of its own, to ``local``."""
-        match stmt:
-            case Seq(stmts=parts):
-                return all(block_sum(x, local) for x in parts)
-            case For(symbol=symbol, body=inner):
-                return symbol not in used and block_sum(inner, local)
-            case SetLocal(local=target, value=Binary(op=op, a=old, b=value)) if target is local and old == GetLocal(local):
-                if isinstance(value, LocalScope):
-                    return op is Binop.ADD and block_sum(value.body, value.local)
-                if any(isinstance(e, (GetLocal, LocalScope)) or (isinstance(e, (Load, LoadDynamic)) and e.tnode is out)
-                       for e in iter_exprs(value)):
-                    return False
-                updates.append(stmt)
-                return True
-        return False
-
-    def leaf_blocks(stmt: Stmt) -> bool:
-        """Whether ``stmt`` is loops around leaves adding one block sum each to the cell or to
-        the inlined reduction's local."""
-        match stmt:
-            case Seq(stmts=parts):
-                return all(leaf_blocks(x) for x in parts)
-            case For(symbol=symbol, body=inner):
-                return symbol not in used and leaf_blocks(inner)
-            case Store(tnode=node, indices=cell, value=Binary(op=Binop.ADD, a=old, b=LocalScope() as block)):
-                return (scope is None and (node, cell) == (out, idx) and old == Load(out, idx) and not stmt.skip_oob
-                        and block_sum(block.body, block.local))
-            case SetLocal(local=local, value=Binary(op=Binop.ADD, a=old, b=LocalScope() as block)):
-                return (scope is not None and local is scope.local and old == GetLocal(local)
-                        and block_sum(block.body, block.local))
-        return False
-
-    blocks = seq(*steps)
-    if not steps or not leaf_blocks(blocks) or len({u.value.op for u in updates}) != 1:
-        return None
+    parallel = [(f.symbol, f.extent) for f in found.around]
     p_volume = _product(n for _, n in parallel)
-    if p_volume < 8 or p_volume * _block_terms(blocks) < TILE_MIN_WORK:
+    if p_volume < 8 or p_volume * found.volume < TILE_MIN_WORK:
         return None
-    store, update = stores[-1], updates[0]
-    cols = _choose_cols(parallel, idx, update.value.b)
+    store, term = found.store, found.term
+    cols = _choose_cols(parallel, store.indices, term)
     others = [p for p in parallel if cols is None or p[0] is not cols[0]]
     rows = others[-1] if others else None
     return ContractionPlan(
@@ -432,31 +296,17 @@ def _plan_blocked_contraction(loop: For) -> ContractionPlan | None:
         rows=rows,
         cols=cols,
         mr=min(TILE_ROWS, rows[1]) if rows else 1,
-        nr=min(TILE_BYTES // out.dtype.compute.itemsize, cols[1]) if cols else 1,
+        nr=min(TILE_BYTES // store.tnode.dtype.compute.itemsize, cols[1]) if cols else 1,
         reductions=(),
         block=None,
         store=store,
-        op=update.value.op,
-        term=update.value.b,
-        reset=reset,
-        scope=scope,
-        init=init,
-        blocks=blocks,
+        op=found.op,
+        term=term,
+        reset=found.reset.value if found.reset is not None else None,
+        scope=found.scope,
+        init=found.init,
+        blocks=found.blocks,
     )
-
-
-def _block_terms(blocks: Stmt) -> int:
-    """The terms a cell adds in ``ContractionPlan.blocks`` (or in a block's body)."""
-    match blocks:
-        case For(extent=n, body=body):
-            return n * _block_terms(body)
-        case Seq(stmts=stmts):
-            return sum(_block_terms(x) for x in stmts)
-        case Store(value=Binary(b=LocalScope(body=body))) | SetLocal(value=Binary(b=LocalScope(body=body))):
-            return _block_terms(body)
-        case SetLocal():
-            return 1
-    return 0
 
 
 def _choose_cols(
@@ -493,14 +343,6 @@ def _product(values: Iterable[int]) -> int:
     for v in values:
         n *= v
     return n
-
-
-def _index_symbols(idx: AxisIndex) -> tuple[AnySymbol, ...]:
-    if isinstance(idx, Iter):
-        return (idx.symbol,)
-    if isinstance(idx, Affine):
-        return tuple(s for _, s in idx.terms)
-    return ()
 
 
 def _self_contained(stmt: Stmt) -> bool:
@@ -910,15 +752,15 @@ class Emitter:
             exprs = [sub for e in stmt_exprs(s) for sub in iter_exprs(e)]
             if isinstance(s, (Store, StoreDynamic)):
                 nodes[s.tnode] = None
-                symbols.update((x, None) for i in s.indices for x in _index_symbols(i))
+                symbols.update((x, None) for i in s.indices for x in index_symbols(i))
             elif isinstance(s, Fill):
                 nodes[s.tnode] = None
             for e in exprs:
                 if isinstance(e, (Load, LoadDynamic)):
                     nodes[e.tnode] = None
-                    symbols.update((x, None) for i in e.indices for x in _index_symbols(i))
+                    symbols.update((x, None) for i in e.indices for x in index_symbols(i))
                 elif isinstance(e, EmbedIndex):
-                    symbols.update((x, None) for x in _index_symbols(e.index))
+                    symbols.update((x, None) for x in index_symbols(e.index))
         params, args = [], []
         for node in sorted(nodes, key=lambda n: self.nodes[n]):
             params.append(self.pointer_param(node))
@@ -1191,7 +1033,7 @@ class Emitter:
         return " && ".join(
             f"{i} >= 0 && {i} < {d}"
             for idx, d in zip(indices, node.dims)
-            if not self.provably_within(idx, d)
+            if not provably_within(idx, d, self._extents)
             for i in [self.axis_value(idx)]
         )
 
@@ -1254,25 +1096,10 @@ class Emitter:
 
     def axis_value(self, idx: AxisIndex) -> str:
         """The value of one axis index, parenthesized unless it is a single name or number."""
-        match idx:
-            case Fixed(index=i):
-                return self.linear((), i)
-            case Iter(symbol=s):
-                text = self.linear(((1, s),), 0)
-            case Affine(terms=terms, offset=offset):
-                text = self.linear(terms, offset)
-            case _:
-                raise TypeError(f"not an axis index: {idx!r}")
+        if isinstance(idx, Fixed):
+            return self.linear((), idx.index)
+        text = self.linear(*affine_form(idx))
         return text if text.replace("_", "a").isalnum() else f"({text})"
-
-    def provably_within(self, idx: AxisIndex, dim: int) -> bool:
-        def bounds(s: AnySymbol) -> tuple[int, int] | None:
-            if isinstance(s, IndexSymbol):
-                return None if s.size is None else (0, s.size - 1)
-            return (0, self._extents[s] - 1) if s in self._extents else None
-
-        b = index_bounds(idx, bounds)
-        return b is not None and 0 <= b[0] and b[1] < dim
 
     def access(
         self,
@@ -1288,7 +1115,7 @@ class Emitter:
         if dynamic is not None:
             axes.insert(dynamic[0], dynamic[1])
         dims = node.dims
-        strides = [_product(dims[k + 1 :]) for k in range(len(dims))]
+        strides = row_major_strides(dims)
         terms: list[tuple[int, AnySymbol]] = []
         constant = 0
         checked: list[str] = []
@@ -1299,15 +1126,10 @@ class Emitter:
                 where = where or (format_stmt(self._statement, self.namer) if self._statement else "?")
                 site = self.site("index", f"a dynamic index into {node.debug_name} (dims {dims}) is out of bounds in `{where}`")
                 checked.append(_scaled(stride, self.syntax.checked_index(position, d, site)))
-            elif unchecked or self.provably_within(axis, d):
-                match axis:
-                    case Fixed(index=i):
-                        constant += stride * i
-                    case Iter(symbol=s):
-                        terms.append((stride, s))
-                    case Affine(terms=ts, offset=off):
-                        terms.extend((stride * c, s) for c, s in ts)
-                        constant += stride * off
+            elif unchecked or provably_within(axis, d, self._extents):
+                axis_terms, axis_offset = affine_form(axis)
+                terms.extend((stride * c, s) for c, s in axis_terms)
+                constant += stride * axis_offset
             else:
                 where = where or (format_stmt(self._statement, self.namer) if self._statement else "?")
                 site = self.site("index", f"an index into {node.debug_name} (dims {dims}) is out of bounds in `{where}`")

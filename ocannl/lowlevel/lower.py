@@ -13,6 +13,7 @@ from typing import Callable
 
 from ocannl.errors import ShapeError
 from ocannl.lowlevel import dtypes
+from ocannl.lowlevel.analysis import provably_within, row_major_offset
 from ocannl.lowlevel.assignments import (
     Accum,
     Apply,
@@ -40,27 +41,11 @@ from ocannl.lowlevel.indexing import (
     Iter,
     Projections,
     Symbol,
-    index_bounds,
+    index_symbols,
 )
 from ocannl.lowlevel.ir import (
-    Binary,
-    Cast,
-    Comment,
-    Const,
-    EmbedIndex,
-    Expr,
-    Fill,
-    Load,
-    LoadDynamic,
-    RoutineIR,
-    Seq,
-    Stmt,
-    Store,
-    StoreDynamic,
-    Ternary,
-    Unary,
-    loop,
-    seq,
+    Binary, Cast, Comment, Const, EmbedIndex, Expr, Fill, Load, LoadDynamic, RoutineIR, Seq, Stmt, Store,
+    StoreDynamic, Ternary, Unary, loop, seq,
 )
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop, neutral_element, operand_dtypes
 from ocannl.lowlevel.tnode import TNode
@@ -128,7 +113,7 @@ def lower_accumulation(a: Accum) -> Stmt:
         for idx, d in zip(proj.project_rhs[j], r.dims):
             new = _substitute(idx, subst)
             if isinstance(idx, Affine):  # a window may leave a size-1 axis too: no broadcasting
-                oob |= not _within(new, d, extents)
+                oob |= not provably_within(new, d, extents)
             elif d == 1 and isinstance(new, (Fixed, Iter)):
                 new = Fixed(0)
             indices.append(new)
@@ -137,7 +122,7 @@ def lower_accumulation(a: Accum) -> Stmt:
 
     lhs_idx = tuple(_substitute(idx, subst) for idx in proj.project_lhs)
     if isinstance(a.fn, Apply):
-        offset = _row_major_offset(lhs_idx, a.lhs.dims)
+        offset = row_major_offset(lhs_idx, a.lhs.dims)
         value = _apply_tree(a.fn, lambda j, dtype: operand(j, a.rhs[j], dtype), offset, compute)
     elif a.fn is Ternop.WHERE:
         cond = operand(0, a.rhs[0], a.rhs[0].dtype.compute if isinstance(a.rhs[0], TNode) else compute)
@@ -149,7 +134,7 @@ def lower_accumulation(a: Accum) -> Stmt:
 
     # An affine result index may leave the result (a padded convolution's gradient writes into
     # margins that have no cells): those iterations store nothing.
-    skip_oob = any(isinstance(orig, Affine) and not _within(idx, d, extents)
+    skip_oob = any(isinstance(orig, Affine) and not provably_within(idx, d, extents)
                    for orig, idx, d in zip(proj.project_lhs, lhs_idx, a.lhs.dims))
     neutral = _const(neutral_element(a.accum, a.lhs.dtype), compute)
     if a.accum is not None:
@@ -175,11 +160,7 @@ def lower_fetch(f: Fetch) -> Stmt:
         case Constant(value=v):
             return Fill(lhs, _const(v, compute))
         case RangeOverOffsets():
-            strides = _row_major_strides(lhs.dims)
-            return _loop_over(
-                lhs.dims,
-                lambda idx: Store(lhs, idx, _embed(_offset_index(idx, strides), compute)),
-            )
+            return _loop_over(lhs.dims, lambda idx: Store(lhs, idx, _embed(row_major_offset(idx, lhs.dims), compute)))
         case Slice(parent=parent, index=sym):
             if parent.dims[1:] != lhs.dims or not parent.dims or (sym.size or 0) > parent.dims[0]:
                 raise ShapeError(
@@ -278,19 +259,6 @@ def _substitute(idx: AxisIndex, subst: dict[Symbol, Symbol | None]) -> AxisIndex
     return idx
 
 
-def _within(idx: AxisIndex, dim: int, extents: dict[Symbol, int]) -> bool:
-    """Whether ``idx`` stays in ``[0, dim)`` for every value of its symbols (loop symbols range
-    over their extents, index symbols over their size; an unsized index symbol may be anything)."""
-
-    def symbol_bounds(s: Symbol | IndexSymbol) -> tuple[int, int] | None:
-        if isinstance(s, IndexSymbol):
-            return None if s.size is None else (0, s.size - 1)
-        return (0, extents[s] - 1)
-
-    bounds = index_bounds(idx, symbol_bounds)
-    return bounds is not None and 0 <= bounds[0] and bounds[1] < dim
-
-
 def _apply(fn: Unop | Binop | Ternop, args: list[Expr], dtype: DType) -> Expr:
     """``fn(args...)`` yielding a ``dtype`` value (only ``uniform1`` needs to be told)."""
     match fn:
@@ -323,28 +291,6 @@ def _apply_tree(
         return _const(fn, dtype)
     types = operand_dtypes(fn.op, dtype)
     return _apply(fn.op, [_apply_tree(x, operand, offset, t) for x, t in zip(fn.args, types)], dtype)
-
-
-def _row_major_offset(idx: tuple[AxisIndex, ...], dims: tuple[int, ...]) -> AxisIndex:
-    """The row-major offset of the cell ``idx`` of a buffer of ``dims``, as one index."""
-    coefficients: dict = {}
-    base = 0
-    for i, stride in zip(idx, _row_major_strides(dims)):
-        match i:
-            case Fixed(index=k):
-                base += stride * k
-            case Iter(symbol=s):
-                coefficients[s] = coefficients.get(s, 0) + stride
-            case Affine(terms=terms, offset=k):
-                base += stride * k
-                for c, s in terms:
-                    coefficients[s] = coefficients.get(s, 0) + stride * c
-    terms = tuple((c, s) for s, c in coefficients.items() if c)
-    if not terms:
-        return Fixed(base)
-    if len(terms) == 1 and terms[0][0] == 1 and base == 0:
-        return Iter(terms[0][1])
-    return Affine(terms, base)
 
 
 def _in_nest_reset_depth(
@@ -386,29 +332,13 @@ def _loop_over(dims: tuple[int, ...], body: Callable[[tuple[AxisIndex, ...]], St
     return stmt
 
 
-def _row_major_strides(dims: tuple[int, ...]) -> list[int]:
-    strides, acc = [], 1
-    for d in reversed(dims):
-        strides.append(acc)
-        acc *= d
-    return strides[::-1]
-
-
-def _offset_index(idx: tuple[AxisIndex, ...], strides: list[int]) -> AxisIndex:
-    terms = tuple((st, i.symbol) for i, st in zip(idx, strides) if isinstance(i, Iter))
-    if len(terms) == 1 and terms[0][0] == 1:
-        return Iter(terms[0][1])
-    return Affine(terms, 0) if terms else Fixed(0)
-
-
 def _embed(index: AxisIndex, dtype: DType) -> Expr:
     """The value of ``index`` as a ``dtype`` scalar. A float takes it through int64 when a static
     symbol in it may be bound past int32 (it has no size, or a larger one): bindings are 64-bit,
     and ``step_n * 1.0`` must not wrap at 2**31."""
     if not dtype.is_float:
         return EmbedIndex(index, dtype)
-    terms = ((1, index.symbol),) if isinstance(index, Iter) else index.terms if isinstance(index, Affine) else ()
-    wide = any(isinstance(s, IndexSymbol) and (s.size is None or s.size > 2**31) for _, s in terms)
+    wide = any(isinstance(s, IndexSymbol) and (s.size is None or s.size > 2**31) for s in index_symbols(index))
     return Cast(EmbedIndex(index, dtypes.int64 if wide else dtypes.INDEX), dtype)
 
 

@@ -49,36 +49,13 @@ import numpy as np
 
 from ocannl import config
 from ocannl.lowlevel import dtypes
+from ocannl.lowlevel.analysis import normalize_index, substitute_index
 from ocannl.lowlevel.dtypes import DType
 from ocannl.lowlevel.indexing import Affine, AnySymbol, AxisIndex, Fixed, IndexSymbol, Iter, Symbol
 from ocannl.lowlevel.ir import (
-    Binary,
-    Cast,
-    Comment,
-    Const,
-    DeclareLocal,
-    EmbedIndex,
-    Expr,
-    Fill,
-    For,
-    GetLocal,
-    Load,
-    LoadDynamic,
-    Local,
-    LocalScope,
-    RoutineIR,
-    Seq,
-    SetLocal,
-    Stmt,
-    Store,
-    StoreDynamic,
-    Ternary,
-    Unary,
-    iter_exprs,
-    iter_stmts,
-    nesting,
-    seq,
-    stmt_exprs,
+    Binary, Cast, Comment, Const, DeclareLocal, EmbedIndex, Expr, Fill, For, GetLocal, Load, LoadDynamic, Local,
+    LocalScope, RoutineIR, Seq, SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary, iter_exprs, iter_stmts,
+    nesting, seq, stmt_exprs,
 )
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
 from ocannl.lowlevel.tnode import MemoryMode, TNode
@@ -377,53 +354,6 @@ class _Rewriter:
 
 def _with_body(routine: RoutineIR, body: Stmt) -> RoutineIR:
     return routine if body is routine.body else replace(routine, body=body)
-
-
-def normalize_index(idx: AxisIndex) -> AxisIndex:
-    """``idx`` in its simplest form: an affine index with the terms of one symbol merged and its
-    zero terms dropped, then a single unit term without offset an :class:`Iter` and no term a
-    :class:`Fixed`."""
-    if not isinstance(idx, Affine):
-        return idx
-    coefficients: dict[AnySymbol, int] = {}
-    for c, s in idx.terms:
-        coefficients[s] = coefficients.get(s, 0) + c
-    new = _affine(coefficients, idx.offset)
-    return idx if new == idx else new
-
-
-def _affine(coefficients: dict[AnySymbol, int], offset: int) -> AxisIndex:
-    terms = tuple((c, s) for s, c in coefficients.items() if c)
-    if not terms:
-        return Fixed(offset)
-    if len(terms) == 1 and terms[0][0] == 1 and offset == 0:
-        return Iter(terms[0][1])
-    return Affine(terms, offset)
-
-
-def substitute_index(idx: AxisIndex, env: dict[AnySymbol, AxisIndex]) -> AxisIndex:
-    """``idx`` with each symbol ``s`` in ``env`` replaced by the index ``env[s]``, normalized."""
-    match idx:
-        case Fixed():
-            return idx
-        case Iter(symbol=s):
-            return env.get(s, idx)
-        case Affine(terms=terms, offset=offset):
-            if not any(s in env for _, s in terms):
-                return normalize_index(idx)
-            coefficients: dict[AnySymbol, int] = {}
-            for c, s in terms:
-                match env.get(s, Iter(s)):
-                    case Fixed(index=k):
-                        offset += c * k
-                    case Iter(symbol=t):
-                        coefficients[t] = coefficients.get(t, 0) + c
-                    case Affine(terms=sub_terms, offset=k):
-                        offset += c * k
-                        for d, t in sub_terms:
-                            coefficients[t] = coefficients.get(t, 0) + c * d
-            return _affine(coefficients, offset)
-    raise TypeError(f"not an axis index: {idx!r}")
 
 
 def _loads(stmt: Stmt) -> set[TNode]:
@@ -741,14 +671,6 @@ def _injective(indices: tuple[AxisIndex, ...], loops: tuple[Symbol, ...]) -> boo
         elif isinstance(idx, Affine) and any(isinstance(s, Symbol) for _, s in idx.terms):
             return False
     return set(loops) <= used
-
-
-def _index_symbols(idx: AxisIndex) -> tuple[AnySymbol, ...]:
-    if isinstance(idx, Iter):
-        return (idx.symbol,)
-    if isinstance(idx, Affine):
-        return tuple(s for c, s in idx.terms if c)
-    return ()
 
 
 class _InlineReads(_Rewriter):

@@ -37,38 +37,15 @@ import math
 from dataclasses import dataclass, replace
 
 from ocannl.errors import OcannlError
-from ocannl.lowlevel.indexing import Affine, AnySymbol, AxisIndex, Fixed, Iter, Symbol
+from ocannl.lowlevel.analysis import loop_chain, scaled_sum, substitute_index
+from ocannl.lowlevel.indexing import AnySymbol, AxisIndex, Fixed, Iter, Symbol
 from ocannl.lowlevel.ir import (
-    Binary,
-    Cast,
-    Comment,
-    Const,
-    DeclareLocal,
-    EmbedIndex,
-    Expr,
-    Fill,
-    For,
-    GetLocal,
-    Load,
-    LoadDynamic,
-    Local,
-    LocalScope,
-    LoopKind,
-    RoutineIR,
-    Seq,
-    SetLocal,
-    Stmt,
-    Store,
-    StoreDynamic,
-    Ternary,
-    Unary,
-    iter_exprs,
-    iter_stmts,
-    seq,
-    stmt_exprs,
+    Binary, Cast, Comment, Const, DeclareLocal, EmbedIndex, Expr, Fill, For, GetLocal, Load, LoadDynamic, Local,
+    LocalScope, LoopKind, RoutineIR, Seq, SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary, iter_exprs,
+    iter_stmts, seq, stmt_exprs,
 )
-from ocannl.lowlevel.optimize import normalize_index, substitute_index
 from ocannl.lowlevel.scalar_ops import Binop
+from ocannl.lowlevel.schedule import reduction_of, update_of
 
 BLOCK = 64
 """Terms per block. With 64, float32 sums of 2^25 terms stay within about 1e-7 relative (256 is
@@ -114,48 +91,33 @@ class Accumulation:
 
 def find_accumulation(nest: For) -> Accumulation | None:
     """The float sum that the nest headed by ``nest`` computes, or ``None`` when it is not one of
-    the two shapes of the module docstring."""
-    chain, body = _perfect_chain(nest)
-    reset = None
-    if isinstance(body, Seq) and len(body.stmts) == 2 and isinstance(body.stmts[0], Store):
-        reset, rest = body.stmts
-        if not isinstance(reset.value, Const) or reset.skip_oob or not isinstance(rest, For):
+    the two shapes of the module docstring: a reduction into a cell
+    (:func:`~ocannl.lowlevel.schedule.reduction_of`, its first two shapes: a local scope in the
+    value is reached on its own when the blocker walks into it), or loops around an update of a
+    local."""
+    chain, body = loop_chain(nest)
+    if isinstance(body, SetLocal):
+        update = update_of(body)
+        if update is None or any(isinstance(e, GetLocal) and e.local is body.local for e in _all_exprs(update.term)):
             return None
-        more, body = _perfect_chain(rest)
-        chain = chain + more
-    match body:
-        case Store(tnode=out, indices=cell, value=Binary(op=op, a=Load() as old, b=term), skip_oob=False):
-            if old != Load(out, cell) or (reset is not None and (reset.tnode, reset.indices) != (out, cell)):
-                return None
-            if any(isinstance(e, (Load, LoadDynamic)) and e.tnode is out for e in _all_exprs(term)):
-                return None  # a term reading the sum would see it added in another order
-            if not all(isinstance(i, (Fixed, Iter)) for i in cell):
-                return None
-            owned = [i.symbol for i in cell if isinstance(i, Iter)]
-            if len(set(owned)) != len(owned):
-                return None
-            parallel = tuple(f for f in chain if f.symbol in owned)
-            if reset is not None and any(f is not g for f, g in zip(chain, parallel)):
-                return None  # the reset must sit inside every loop that indexes the cell
-            target: Store | Local = body
-        case SetLocal(local=local, value=Binary(op=op, a=GetLocal(local=acc), b=term)) if acc is local and reset is None:
-            if any(isinstance(e, GetLocal) and e.local is local for e in _all_exprs(term)):
-                return None
-            parallel, target = (), local
-        case _:
+        op, term, loops, parallel, target, reset = update.op, update.term, tuple(chain), (), body.local, None
+    else:
+        r = reduction_of(nest, inlined=False)
+        if r is None or not r.separable:
+            return None  # a reset inside a reduction loop restarts the sum: not one sum
+        out, cell = r.store.tnode, r.store.indices
+        if any(isinstance(e, (Load, LoadDynamic)) and e.tnode is out for e in _all_exprs(r.term)):
+            return None  # a term reading the sum would see it added in another order
+        if not all(isinstance(i, (Fixed, Iter)) for i in cell):
             return None
+        owned = [i.symbol for i in cell if isinstance(i, Iter)]
+        if len(set(owned)) != len(owned):
+            return None
+        op, term, loops, parallel, target, reset = r.op, r.term, r.around, r.parallel, r.store, r.reset
     if op not in _SUM_OPS or not term.dtype.is_float:
         return None
-    reductions = tuple((f.symbol, f.extent) for f in chain if all(f is not g for g in parallel))
+    reductions = tuple((f.symbol, f.extent) for f in loops if all(f is not g for g in parallel))
     return Accumulation(target, op, term, parallel, reductions, reset)
-
-
-def _perfect_chain(stmt: Stmt) -> tuple[list[For], Stmt]:
-    loops = []
-    while isinstance(stmt, For):
-        loops.append(stmt)
-        stmt = stmt.body
-    return loops, stmt
 
 
 def _all_exprs(e: Expr):
@@ -302,29 +264,12 @@ class _Blocker:
 
 def _plus(start: AxisIndex, x: Symbol) -> AxisIndex:
     """``start + x``."""
-    return _linear(((1, start), (1, Iter(x))))
+    return scaled_sum(((1, start), (1, Iter(x))))
 
 
 def _scaled(position: AxisIndex, c: int) -> AxisIndex:
     """``c * position``."""
-    return _linear(((c, position),))
-
-
-def _linear(parts: tuple[tuple[int, AxisIndex], ...]) -> AxisIndex:
-    """``sum(c * index)`` as one normalized index."""
-    coefficients: dict[AnySymbol, int] = {}
-    offset = 0
-    for c, idx in parts:
-        match idx:
-            case Fixed(index=k):
-                offset += c * k
-            case Iter(symbol=s):
-                coefficients[s] = coefficients.get(s, 0) + c
-            case Affine(terms=terms, offset=k):
-                offset += c * k
-                for d, s in terms:
-                    coefficients[s] = coefficients.get(s, 0) + c * d
-    return normalize_index(Affine(tuple((c, s) for s, c in coefficients.items() if c), offset))
+    return scaled_sum(((c, position),))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -497,3 +497,15 @@ def test_golden_triton_sources(name, update_golden):
     source = module_of(lambda: [make()])
     check_golden(f"triton/{name}.triton.py", source.text, update_golden)
     assert compile_for_gpu([source])
+
+
+@pytest.mark.parametrize("rows", [(1,), (2,), (1, 2)])
+def test_take_from_a_table_of_one_or_two_rows(rows):
+    """A gather whose load needs no mask (one program, a clamped position) passes no ``other``."""
+    table = oc.param("table", output=rows, init=np.arange(np.prod(rows), dtype=np.float32).reshape(rows) + 1)
+    taken = oc.take(table, oc.tensor(np.array([0])))
+    ctx = oc.Context("triton")
+    ctx.compile(taken).run()
+    want = oc.Context("interp")
+    want.compile(taken).run()
+    np.testing.assert_array_equal(ctx.get(taken), want.get(taken))

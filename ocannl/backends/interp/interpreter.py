@@ -32,33 +32,12 @@ import numpy as np
 from ocannl import config
 from ocannl.errors import IndexBindingError, OcannlError, OutOfBoundsError
 from ocannl.lowlevel import dtypes
+from ocannl.lowlevel.analysis import affine_form, cell_provably_within, row_major_offset
 from ocannl.lowlevel.dtypes import DType, DTypeError
-from ocannl.lowlevel.indexing import Affine, AxisIndex, Fixed, IndexSymbol, Iter, Symbol, index_bounds
+from ocannl.lowlevel.indexing import Affine, AxisIndex, Fixed, IndexSymbol, Iter, Symbol
 from ocannl.lowlevel.ir import (
-    Binary,
-    Cast,
-    Comment,
-    Const,
-    DeclareLocal,
-    EmbedIndex,
-    Expr,
-    Fill,
-    For,
-    GetLocal,
-    Load,
-    LoadDynamic,
-    Local,
-    LocalScope,
-    Namer,
-    RoutineIR,
-    Seq,
-    SetLocal,
-    Stmt,
-    Store,
-    StoreDynamic,
-    Ternary,
-    Unary,
-    format_routine,
+    Binary, Cast, Comment, Const, DeclareLocal, EmbedIndex, Expr, Fill, For, GetLocal, Load, LoadDynamic, Local,
+    LocalScope, Namer, RoutineIR, Seq, SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary, format_routine,
     format_stmt,
 )
 from ocannl.lowlevel.prng_reference import DEFAULT_ROUNDS, KEY_SCHEDULE_PARITY, ROTATIONS
@@ -334,7 +313,7 @@ class _Compiler:
         indices are provably inside the dims (every loop's extent is known, and a run checks
         index symbols against their size) is compiled to a linear form without checks."""
         dims = node.dims
-        if dynamic is None and all(self._provably_within(i, d) for i, d in zip(indices, dims)):
+        if dynamic is None and cell_provably_within(indices, dims, self._extents):
             return self._linear_offset(indices, dims)
         axes = [self.index_value(i) for i in indices]
         if dynamic is not None:
@@ -353,33 +332,11 @@ class _Compiler:
 
         return checked_offset
 
-    def _provably_within(self, idx: AxisIndex, dim: int) -> bool:
-        def symbol_bounds(s: Symbol | IndexSymbol) -> tuple[int, int] | None:
-            if isinstance(s, IndexSymbol):
-                return None if s.size is None else (0, s.size - 1)
-            return (0, self._extents[s] - 1) if s in self._extents else None
-
-        bounds = index_bounds(idx, symbol_bounds)
-        return bounds is not None and 0 <= bounds[0] and bounds[1] < dim
-
     def _linear_offset(self, indices: tuple[AxisIndex, ...], dims: tuple[int, ...]) -> Callable[[], int]:
         """``base + sum(coefficient * register)``: the row-major offset as one affine form."""
-        regs, base, coefficients = self.registers, 0, {}
-        stride = 1
-        for idx, d in reversed(list(zip(indices, dims))):
-            match idx:
-                case Fixed(index=i):
-                    base += stride * i
-                case Iter(symbol=s):
-                    r = self.register(s)
-                    coefficients[r] = coefficients.get(r, 0) + stride
-                case Affine(terms=terms, offset=off):
-                    base += stride * off
-                    for c, s in terms:
-                        r = self.register(s)
-                        coefficients[r] = coefficients.get(r, 0) + stride * c
-            stride *= d
-        terms = tuple((c, r) for r, c in coefficients.items() if c)
+        regs = self.registers
+        symbol_terms, base = affine_form(row_major_offset(indices, dims))
+        terms = tuple((c, self.register(s)) for c, s in symbol_terms)
         if not terms:
             return lambda: base
         if len(terms) == 1:

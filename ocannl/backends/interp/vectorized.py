@@ -41,33 +41,19 @@ from typing import Any, Callable
 import numpy as np
 
 from ocannl.lowlevel import dtypes
+from ocannl.lowlevel.analysis import (
+    accesses,
+    affine_form,
+    cell_provably_within,
+    indices_symbols,
+    loop_chain,
+    row_major_strides,
+)
 from ocannl.lowlevel.dtypes import DType
-from ocannl.lowlevel.indexing import Affine, AxisIndex, Fixed, IndexSymbol, Iter, Symbol, index_bounds
+from ocannl.lowlevel.indexing import AxisIndex, Iter, Symbol
 from ocannl.lowlevel.ir import (
-    Binary,
-    Cast,
-    Comment,
-    Const,
-    DeclareLocal,
-    EmbedIndex,
-    Expr,
-    Fill,
-    For,
-    GetLocal,
-    Load,
-    LoadDynamic,
-    Local,
-    LocalScope,
-    RoutineIR,
-    Seq,
-    SetLocal,
-    Stmt,
-    Store,
-    StoreDynamic,
-    Ternary,
-    Unary,
-    iter_exprs,
-    iter_stmts,
+    Binary, Cast, Comment, Const, DeclareLocal, EmbedIndex, Expr, Fill, For, GetLocal, Load, LoadDynamic, Local,
+    LocalScope, RoutineIR, Seq, SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary, iter_exprs, iter_stmts,
     stmt_exprs,
 )
 from ocannl.lowlevel.prng_reference import DEFAULT_ROUNDS, KEY_SCHEDULE_PARITY, ROTATIONS
@@ -156,32 +142,6 @@ def _lift(value: Any, dtype: DType, ndim: int) -> Any:
 # Which loops form grids
 
 
-def _accesses(body: Stmt) -> list[tuple[TNode, tuple[AxisIndex | None, ...], bool]]:
-    """Every buffer access in ``body``: node, indices (``None`` at a data-dependent axis), and
-    whether it writes."""
-    out: list[tuple[TNode, tuple[AxisIndex | None, ...], bool]] = []
-
-    def dynamic(axis: int, indices: tuple[AxisIndex, ...]) -> tuple[AxisIndex | None, ...]:
-        return indices[:axis] + (None,) + indices[axis:]
-
-    for s in iter_stmts(body):
-        match s:
-            case Store(tnode=node, indices=indices):
-                out.append((node, indices, True))
-            case StoreDynamic(tnode=node, axis=axis, indices=indices):
-                out.append((node, dynamic(axis, indices), True))
-            case Fill(tnode=node):
-                out.append((node, (None,) * len(node.dims), True))
-        for e in stmt_exprs(s):
-            for sub in iter_exprs(e):
-                match sub:
-                    case Load(tnode=node, indices=indices):
-                        out.append((node, indices, False))
-                    case LoadDynamic(tnode=node, axis=axis, indices=indices):
-                        out.append((node, dynamic(axis, indices), False))
-    return out
-
-
 def _declared_locals(body: Stmt) -> set[Local]:
     declared = set()
     for s in iter_stmts(body):
@@ -197,13 +157,12 @@ def carries_no_dependence(loop: For) -> bool:
     body's accesses to that node index one common axis by the bare loop index (so two iterations
     never touch one cell), and the body sets only locals it declares."""
     it = Iter(loop.symbol)
-    accesses = _accesses(loop.body)
-    written = {node for node, _, writes in accesses if writes}
-    for node in written:
+    found = list(accesses(loop.body, fills=True))
+    for node in {a.node for a in found if a.write}:
         common = set(range(len(node.dims)))
-        for n, indices, _ in accesses:
-            if n is node:
-                common &= {k for k, idx in enumerate(indices) if idx == it}
+        for a in found:
+            if a.node is node:
+                common &= {k for k, idx in enumerate(a.indices) if idx == it}
         if not common:
             return False
     declared = _declared_locals(loop.body)
@@ -212,15 +171,6 @@ def carries_no_dependence(loop: For) -> bool:
 
 # ---------------------------------------------------------------------------------------------
 # Sums in loop order
-
-
-def _loop_chain(stmt: Stmt) -> tuple[list[For], Stmt]:
-    """The perfectly nested loops starting at ``stmt`` and the statement inside them."""
-    loops = []
-    while isinstance(stmt, For):
-        loops.append(stmt)
-        stmt = stmt.body
-    return loops, stmt
 
 
 def _writes_nothing(e: Expr) -> bool:
@@ -262,7 +212,7 @@ def _stored_sum(stmt: For) -> tuple[list[For], Store, Expr] | None:
     """``for ...: node[idx] := node[idx] + term`` (or ``-``), where the loops that do not index
     ``idx`` (at least one) reduce and the others each index an axis of ``idx`` directly: the
     loops, the store and ``term``."""
-    loops, inner = _loop_chain(stmt)
+    loops, inner = loop_chain(stmt)
     match inner:
         case Store(tnode=node, indices=idx, value=Binary(op=Binop.ADD | Binop.SUB, a=Load(tnode=n2, indices=idx2, oob_value=None),
                                                           b=term), skip_oob=False):
@@ -273,8 +223,7 @@ def _stored_sum(stmt: For) -> tuple[list[For], Store, Expr] | None:
         return None
     if _reads_node(term, node) or not _writes_nothing(term):
         return None
-    symbols = {s for i in idx for s in ((i.symbol,) if isinstance(i, Iter) else
-                                        (tuple(s for _, s in i.terms) if isinstance(i, Affine) else ()))}
+    symbols = indices_symbols(idx)
     reducing = [f for f in loops if f.symbol not in symbols]
     if not reducing or any(Iter(f.symbol) not in idx for f in loops if f.symbol in symbols):
         return None
@@ -290,7 +239,7 @@ def _local_sum(scope: LocalScope) -> tuple[Expr | None, list[For], Binop, Expr] 
         if first.local is not local or _reads_local(first.value, local) or not _writes_nothing(first.value):
             return None
         init = first.value
-    loops, inner = _loop_chain(body)
+    loops, inner = loop_chain(body)
     match inner:
         case SetLocal(local=l1, value=Binary(op=Binop.ADD | Binop.SUB as op, a=GetLocal(local=l2), b=term)):
             pass
@@ -725,15 +674,7 @@ class _Vectorizer:
     def affine(self, idx: AxisIndex, grid: _Grid, scale: int) -> tuple[int, np.ndarray | None, list[tuple[int, int]]]:
         """``scale * idx`` split into a constant, an array over the grid (``None`` if it does not
         vary) and ``(coefficient, register)`` terms read at run time."""
-        match idx:
-            case Fixed(index=i):
-                terms, offset = (), i
-            case Iter(symbol=s):
-                terms, offset = ((1, s),), 0
-            case Affine(terms=terms, offset=offset):
-                pass
-            case _:
-                raise TypeError(f"not an axis index: {idx!r}")
+        terms, offset = affine_form(idx)
         grid_part, registers = None, []
         for c, s in terms:
             if s in grid.axis:
@@ -742,15 +683,6 @@ class _Vectorizer:
             else:
                 registers.append((scale * c, self.scalar.register(s)))
         return scale * offset, grid_part, registers
-
-    def provably_within(self, idx: AxisIndex, dim: int) -> bool:
-        def symbol_bounds(s: Symbol | IndexSymbol) -> tuple[int, int] | None:
-            if isinstance(s, IndexSymbol):
-                return None if s.size is None else (0, s.size - 1)
-            return (0, self.extents[s] - 1) if s in self.extents else None
-
-        bounds = index_bounds(idx, symbol_bounds)
-        return bounds is not None and 0 <= bounds[0] and bounds[1] < dim
 
     def offsets(
         self,
@@ -767,14 +699,14 @@ class _Vectorizer:
         ``skip_oob``), the mask of the elements inside (else ``None``). Any other access found
         outside raises :class:`_Fault`."""
         dims = node.dims
-        if dynamic is None and all(self.provably_within(i, d) for i, d in zip(indices, dims)):
+        if dynamic is None and cell_provably_within(indices, dims, self.extents):
             return self.linear_offsets(indices, dims, grid, full)
         self.may_fault |= not checked_oob
         axes = [self.index_value(i, grid) for i in indices]
         if dynamic is not None:
             position = dynamic[1]
             axes.insert(dynamic[0], lambda: np.asarray(position(), dtype=np.int64))
-        strides = [math.prod(dims[j + 1:]) for j in range(len(dims))]
+        strides = row_major_strides(dims)
         zeros = np.zeros(grid.shape if full else (1,) * grid.ndim, dtype=np.int64)
 
         def checked_offsets() -> tuple[np.ndarray, Any]:
@@ -799,8 +731,8 @@ class _Vectorizer:
         registers' terms (walked loops, index symbols) added at run time."""
         base, registers = 0, []
         grid_part = np.zeros(grid.shape if full else (1,) * grid.ndim, dtype=np.int64)
-        for j, idx in enumerate(indices):
-            b, g, r = self.affine(idx, grid, math.prod(dims[j + 1:]))
+        for idx, stride in zip(indices, row_major_strides(dims)):
+            b, g, r = self.affine(idx, grid, stride)
             base += b
             if g is not None:
                 grid_part = grid_part + g
@@ -837,18 +769,11 @@ class _Vectorizer:
         start reads registers) and the shape to view it as (1 along the axes it does not vary
         along, a trailing 4 for uint4x32). ``None`` for any other access."""
         dims = node.dims
-        if not all(self.provably_within(i, d) for i, d in zip(indices, dims)):
+        if not cell_provably_within(indices, dims, self.extents):
             return None
         coefficients, base, registers = [0] * grid.ndim, 0, []
-        for j, idx in enumerate(indices):
-            stride = math.prod(dims[j + 1:])
-            match idx:
-                case Fixed(index=i):
-                    terms, offset = (), i
-                case Iter(symbol=sym):
-                    terms, offset = ((1, sym),), 0
-                case Affine(terms=terms, offset=offset):
-                    pass
+        for idx, stride in zip(indices, row_major_strides(dims)):
+            terms, offset = affine_form(idx)
             base += stride * offset
             for c, sym in terms:
                 if sym in grid.axis:
@@ -872,10 +797,9 @@ class _Vectorizer:
 
     def constant_offsets(self, node: TNode, indices: tuple[AxisIndex, ...], grid: _Grid) -> np.ndarray | None:
         """The offsets of an access proven in bounds that reads no register (else ``None``)."""
-        if not all(self.provably_within(i, d) for i, d in zip(indices, node.dims)):
+        if not cell_provably_within(indices, node.dims, self.extents):
             return None
-        if any(s not in grid.axis for i in indices if not isinstance(i, Fixed)
-               for s in ((i.symbol,) if isinstance(i, Iter) else tuple(s for _, s in i.terms))):
+        if any(s not in grid.axis for s in indices_symbols(indices)):
             return None
         return self.linear_offsets(indices, node.dims, grid)()[0]
 

@@ -44,41 +44,18 @@ from dataclasses import dataclass, field
 
 from ocannl.backends.codegen import Emitter, Site, comment_text
 from ocannl.backends.metal.syntax import MetalSyntax, msl_type
-from ocannl.backends.triton.partition import grid_candidates, loop_chain, partition, without_loops
+from ocannl.backends.triton.partition import grid_candidates, partition, without_loops
 from ocannl.errors import OcannlError
 from ocannl.lowlevel import dtypes
+from ocannl.lowlevel.analysis import indices_symbols
 from ocannl.lowlevel.dtypes import DType, DTypeError
-from ocannl.lowlevel.indexing import Affine, Fixed, IndexSymbol, Iter, Symbol
+from ocannl.lowlevel.indexing import Fixed, IndexSymbol, Iter, Symbol
 from ocannl.lowlevel.ir import (
-    Binary,
-    Cast,
-    Comment,
-    Const,
-    DeclareLocal,
-    Expr,
-    Fill,
-    For,
-    GetLocal,
-    Load,
-    LoadDynamic,
-    Local,
-    LocalScope,
-    LoopKind,
-    RoutineIR,
-    Seq,
-    SetLocal,
-    Stmt,
-    Store,
-    StoreDynamic,
-    Ternary,
-    Unary,
-    iter_exprs,
-    iter_stmts,
-    loop,
-    seq,
-    stmt_exprs,
+    Binary, Cast, Comment, Const, DeclareLocal, Expr, Fill, For, GetLocal, Load, LoadDynamic, Local, LocalScope,
+    LoopKind, RoutineIR, Seq, SetLocal, Stmt, Store, Ternary, Unary, iter_exprs, iter_stmts, loop, seq, stmt_exprs,
 )
 from ocannl.lowlevel.scalar_ops import Binop
+from ocannl.lowlevel.schedule import reduction_of
 from ocannl.lowlevel.tnode import TNode, sanitize_identifier
 
 MAX_BUFFERS = 31
@@ -192,40 +169,17 @@ def tree_reduction(body: Stmt) -> TreeReduction | None:
     """The :class:`TreeReduction` ``body`` (a statement without its grid loops) computes, or
     ``None``. Reductions into float16/bfloat16 cells are left alone: the interpreter rounds the
     cell after every term, which a tree cannot reproduce."""
-    start = None
-    if isinstance(body, Seq) and len(body.stmts) == 2 and isinstance(body.stmts[0], Store):
-        first, body = body.stmts
-        if not isinstance(first.value, Const) or first.skip_oob or not isinstance(body, For):
+    r = reduction_of(body)
+    if r is None or not r.separable:
+        return None
+    if r.scope is None:
+        # The grid loops are gone: every loop left is a reduction loop.
+        if not r.around or r.store.tnode.dtype.compute is not r.store.tnode.dtype:
             return None
-        start = first.value
-    if isinstance(body, For):
-        chain, store = loop_chain(body)
-        if not isinstance(store, Store) or store.skip_oob or (start is not None and not _same_cell(first, store)):
-            return None
-        out = store.tnode
-        if out.dtype.compute is not out.dtype or not isinstance(store.value, Binary):
-            return None
-        if store.value.a != Load(out, store.indices):
-            return None
-        found = TreeReduction(store, store.value.op, store.value.b, tuple((f.symbol, f.extent) for f in chain), start)
-    elif isinstance(body, Store) and start is None and not body.skip_oob:
-        scopes = [e for e in iter_exprs(body.value) if isinstance(e, LocalScope)]
-        if len(scopes) != 1 or any(isinstance(e, GetLocal) for e in iter_exprs(body.value)):
-            return None
-        scope = scopes[0]
-        steps = list(scope.body.stmts) if isinstance(scope.body, Seq) else [scope.body]
-        init = None
-        if steps and isinstance(steps[0], SetLocal) and steps[0].local is scope.local and isinstance(steps[0].value, Const):
-            init, steps = steps[0].value, steps[1:]
-        if len(steps) != 1 or not isinstance(steps[0], For):
-            return None
-        chain, update = loop_chain(steps[0])
-        if not (isinstance(update, SetLocal) and update.local is scope.local and isinstance(update.value, Binary)):
-            return None
-        if update.value.a != GetLocal(scope.local):
-            return None
-        found = TreeReduction(body, update.value.op, update.value.b, tuple((f.symbol, f.extent) for f in chain),
-                              scope=scope, init=init)
+        found = TreeReduction(r.store, r.op, r.term, tuple((f.symbol, f.extent) for f in r.around),
+                              r.reset.value if r.reset is not None else None)
+    elif not r.around:
+        found = TreeReduction(r.store, r.op, r.term, r.loop_extents, scope=r.scope, init=r.init)
     else:
         return None
     if found.op not in _TREE_OPS or found.dtype not in (dtypes.float32, dtypes.int32, dtypes.int64, dtypes.uint32):
@@ -233,7 +187,7 @@ def tree_reduction(body: Stmt) -> TreeReduction | None:
     for e in iter_exprs(found.term):
         if isinstance(e, (GetLocal, LocalScope)) or (isinstance(e, (Load, LoadDynamic)) and e.tnode is found.store.tnode):
             return None
-    written = {x for i in found.store.indices for x in _index_symbols(i)}
+    written = indices_symbols(found.store.indices)
     if any(s in written for s, _ in found.loops):
         return None
     return found
@@ -254,18 +208,6 @@ def in_register(stmt: Stmt) -> Stmt:
         update = For(s, n, update, LoopKind.REDUCTION)
     start = tree.start if tree.start is not None else Load(store.tnode, store.indices)
     return Store(store.tnode, store.indices, LocalScope(v, seq(SetLocal(v, start), update)))
-
-
-def _same_cell(a: Store, b: Store) -> bool:
-    return (a.tnode, a.indices) == (b.tnode, b.indices)
-
-
-def _index_symbols(idx) -> tuple:
-    if isinstance(idx, Iter):
-        return (idx.symbol,)
-    if isinstance(idx, Affine):
-        return tuple(s for _, s in idx.terms)
-    return ()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -54,39 +54,19 @@ from typing import Any, Iterator
 import numpy as np
 
 from ocannl.lowlevel import dtypes
+from ocannl.lowlevel.analysis import accesses, index_range, loop_chain, range_within, row_major_strides
 from ocannl.lowlevel.dtypes import DType
-from ocannl.lowlevel.indexing import Affine, AnySymbol, AxisIndex, Fixed, IndexSymbol, Iter, Symbol, index_bounds
+from ocannl.lowlevel.indexing import (
+    Affine, AnySymbol, AxisIndex, Fixed, IndexSymbol, Iter, Symbol, index_bounds, index_symbols,
+)
 from ocannl.lowlevel.ir import (
-    Binary,
-    Cast,
-    Comment,
-    Const,
-    DeclareLocal,
-    EmbedIndex,
-    Expr,
-    Fill,
-    For,
-    GetLocal,
-    Load,
-    LoadDynamic,
-    Local,
-    LocalScope,
-    Namer,
-    RoutineIR,
-    Seq,
-    SetLocal,
-    Stmt,
-    Store,
-    StoreDynamic,
-    Ternary,
-    Unary,
-    format_stmt,
-    iter_exprs,
-    iter_stmts,
-    stmt_exprs,
+    Binary, Cast, Comment, Const, DeclareLocal, EmbedIndex, Expr, Fill, For, GetLocal, Load, LoadDynamic, Local,
+    LocalScope, Namer, RoutineIR, Seq, SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary, format_stmt, iter_exprs,
+    iter_stmts, stmt_exprs,
 )
 from ocannl.lowlevel.identifiers import Namespace, comment_text, sanitize_identifier, string_literal
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
+from ocannl.lowlevel.schedule import update_of
 from ocannl.lowlevel.tnode import TNode
 
 from ocannl.backends.triton import tiling
@@ -95,8 +75,6 @@ from ocannl.backends.triton.partition import (
     Kernel,
     Part,
     _scatter_add_value,
-    accesses,
-    loop_chain,
     scatter_add_nodes,
     signature_ok,
 )
@@ -404,14 +382,14 @@ class KernelWriter:
                         elif isinstance(x, EmbedIndex):
                             idx = (x.index,)
                         for i in idx:
-                            for sym in _symbols_of(i):
+                            for sym in index_symbols(i):
                                 if isinstance(sym, IndexSymbol):
                                     symbols.setdefault(sym, None)
                                     # An access through it may be checked (``offset``).
                                     dynamic |= sym.size is None and not isinstance(x, EmbedIndex)
                 if isinstance(s, (Store, StoreDynamic)):
                     for i in s.indices:
-                        for sym in _symbols_of(i):
+                        for sym in index_symbols(i):
                             if isinstance(sym, IndexSymbol):
                                 symbols.setdefault(sym, None)
                                 dynamic |= sym.size is None
@@ -828,7 +806,7 @@ class KernelWriter:
         op, target, value = found
         syms = {loop.symbol for loop in chain}
         if isinstance(target, Store):
-            if target.skip_oob or any(s in syms for i in target.indices for s in _symbols_of(i)):
+            if target.skip_oob or any(s in syms for i in target.indices for s in index_symbols(i)):
                 return None
         elif target.local not in self.locals or target.local.dtype is dtypes.uint4x32:
             return None
@@ -1122,7 +1100,7 @@ class KernelWriter:
         full: list[Any] = list(indices)
         if dynamic is not None:
             full.insert(dynamic[0], dynamic[1])
-        strides = [_product(node.dims[k + 1:]) for k in range(len(node.dims))]
+        strides = row_major_strides(node.dims)
         coefficients: dict[str, int] = {}
         constant = 0
         axes: frozenset[str] = frozenset()
@@ -1142,7 +1120,7 @@ class KernelWriter:
                 code, ax = self.index_code(idx, region)
                 if not self.provable(idx, dim, region):
                     # Through a symbol without a size: the binding may pass the axis (an error).
-                    unsized = checked and any(isinstance(x, IndexSymbol) and x.size is None for x in _symbols_of(idx))
+                    unsized = checked and any(isinstance(x, IndexSymbol) and x.size is None for x in index_symbols(idx))
                     if unsized and not ax:
                         clamped = self.checked_scalar_index(code, dim)
                         coefficients[clamped] = coefficients.get(clamped, 0) + stride
@@ -1188,13 +1166,7 @@ class KernelWriter:
         self.line(f"tl.store(error + {code} * 0, 1, mask={mask})")
 
     def provable(self, idx: AxisIndex, dim: int, region: Region) -> bool:
-        def bounds(s: AnySymbol) -> tuple[int, int] | None:
-            if isinstance(s, IndexSymbol):
-                return None if s.size is None else (0, s.size - 1)
-            return region.bounds.get(s)
-
-        b = index_bounds(idx, bounds)
-        return b is not None and 0 <= b[0] and b[1] < dim
+        return range_within(index_range(idx, region.bounds), dim)
 
     def lower_bound(self, idx: AxisIndex, region: Region) -> int | None:
         def bounds(s: AnySymbol) -> tuple[int, int] | None:
@@ -1324,7 +1296,8 @@ class KernelWriter:
                 mask = self.mask(axes, checks, region)
                 if node in self.written:
                     self.reads_written = True
-                code = f"tl.load({self.node_names[node]} + {offset}, mask={mask}, other=0){_from_storage(node.dtype)}"
+                guard = "" if mask is None else f", mask={mask}, other=0"  # no mask: the position is clamped
+                code = f"tl.load({self.node_names[node]} + {offset}{guard}){_from_storage(node.dtype)}"
                 v = Val(self.temp(code), axes, node.dtype.compute)
                 self.remember(key, v)
                 return v
@@ -1509,19 +1482,11 @@ def _accumulator_type(target: Store | SetLocal) -> DType:
 def _accumulation(body: Stmt) -> tuple[Binop, Store | SetLocal, Expr] | None:
     """``(op, statement, v)`` when ``body`` is ``c[I] := op(c[I], v)`` or ``l := op(l, v)`` (or
     ``op(v, old)`` for a commutative ``op``), ``v`` not reading the cell."""
-    if isinstance(body, Store):
-        old: Expr = Load(body.tnode, body.indices)
-    elif isinstance(body, SetLocal):
-        old = GetLocal(body.local)
-    else:
+    found = update_of(body, _COMMUTATIVE)
+    if found is None or found.op not in scalar_accumulators():
         return None
-    match body.value:
-        case Binary(op=op, a=a, b=b) if op in scalar_accumulators():
-            if a == old and not _mentions(b, old):
-                return op, body, b
-            if b == old and op in _COMMUTATIVE and not _mentions(a, old):
-                return op, body, a
-    return None
+    old = Load(body.tnode, body.indices) if isinstance(body, Store) else GetLocal(found.statement.local)
+    return None if _mentions(found.term, old) else (found.op, found.statement, found.term)
 
 
 def scalar_accumulators() -> frozenset[Binop]:
@@ -1543,14 +1508,6 @@ def _inner_chains(body: Stmt) -> Iterator[tuple[int, ...]]:
         if isinstance(s, For):
             chain, _ = loop_chain(s)
             yield tuple(loop.extent for loop in chain)
-
-
-def _symbols_of(idx: AxisIndex) -> tuple[AnySymbol, ...]:
-    if isinstance(idx, Iter):
-        return (idx.symbol,)
-    if isinstance(idx, Affine):
-        return tuple(s for _, s in idx.terms)
-    return ()
 
 
 def _cells(node: TNode) -> int:

@@ -42,66 +42,18 @@ from dataclasses import dataclass, field, replace
 from typing import Iterable, Iterator
 
 from ocannl.lowlevel import dtypes
-from ocannl.lowlevel.indexing import Affine, AnySymbol, AxisIndex, Iter, Symbol
+from ocannl.lowlevel.analysis import Access, accesses, expr_symbols, indices_symbols, loop_chain
+from ocannl.lowlevel.indexing import AnySymbol, Iter, Symbol
 from ocannl.lowlevel.ir import (
-    Binary,
-    Cast,
-    Comment,
-    Const,
-    DeclareLocal,
-    EmbedIndex,
-    Expr,
-    Fill,
-    For,
-    GetLocal,
-    Load,
-    LoadDynamic,
-    LocalScope,
-    Seq,
-    SetLocal,
-    Stmt,
-    Store,
-    StoreDynamic,
-    Ternary,
-    Unary,
-    iter_exprs,
-    iter_stmts,
-    stmt_exprs,
+    Binary, Cast, Comment, Const, DeclareLocal, EmbedIndex, Expr, Fill, For, GetLocal, Load, LoadDynamic,
+    LocalScope, Seq, SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary, iter_exprs, iter_stmts, stmt_exprs,
 )
 from ocannl.lowlevel.scalar_ops import Binop, Ternop
+from ocannl.lowlevel.schedule import Update, update_of
 from ocannl.lowlevel.tnode import TNode
 
 # ---------------------------------------------------------------------------------------------
 # Accesses
-
-
-@dataclass(frozen=True)
-class Access:
-    """One read or write of a node inside a statement, with its full index tuple (a dynamic axis
-    is ``None``)."""
-
-    node: TNode
-    indices: tuple[AxisIndex | None, ...]
-    write: bool
-
-
-def _full_indices(axis: int, indices: tuple[AxisIndex, ...]) -> tuple[AxisIndex | None, ...]:
-    return indices[:axis] + (None,) + indices[axis:]
-
-
-def accesses(stmt: Stmt) -> Iterator[Access]:
-    """Every node access of ``stmt`` (local scope bodies included); fills are not listed."""
-    for s in iter_stmts(stmt):
-        for e in stmt_exprs(s):
-            for sub in iter_exprs(e):
-                if isinstance(sub, Load):
-                    yield Access(sub.tnode, sub.indices, False)
-                elif isinstance(sub, LoadDynamic):
-                    yield Access(sub.tnode, _full_indices(sub.axis, sub.indices), False)
-        if isinstance(s, Store):
-            yield Access(s.tnode, s.indices, True)
-        elif isinstance(s, StoreDynamic):
-            yield Access(s.tnode, _full_indices(s.axis, s.indices), True)
 
 
 def scatter_add_nodes(stmt: Stmt) -> frozenset[TNode]:
@@ -154,16 +106,6 @@ def _non_atomic_accesses(s: Stmt, node: TNode) -> Iterator[Access]:
 
 # ---------------------------------------------------------------------------------------------
 # Loop chains and grid candidates
-
-
-def loop_chain(stmt: Stmt) -> tuple[list[For], Stmt]:
-    """The outermost perfect chain of loops of ``stmt`` (each loop's body the next loop) and the
-    body of the innermost one."""
-    chain: list[For] = []
-    while isinstance(stmt, For):
-        chain.append(stmt)
-        stmt = stmt.body
-    return chain, stmt
 
 
 def _sets_outer_local(loop: For) -> bool:
@@ -254,25 +196,6 @@ class Contraction:
     k: tuple[tuple[Symbol, int], ...]
 
 
-def expr_symbols(e: Expr) -> set[AnySymbol]:
-    out: set[AnySymbol] = set()
-    for sub in iter_exprs(e):
-        if isinstance(sub, (Load, LoadDynamic)):
-            for idx in sub.indices:
-                out |= _index_symbols(idx)
-        elif isinstance(sub, EmbedIndex):
-            out |= _index_symbols(sub.index)
-    return out
-
-
-def _index_symbols(idx: AxisIndex) -> set[AnySymbol]:
-    if isinstance(idx, Iter):
-        return {idx.symbol}
-    if isinstance(idx, Affine):
-        return {s for _, s in idx.terms}
-    return set()
-
-
 def _plain(e: Expr) -> bool:
     """An operand the dot template can tile: loads (affine, maybe padded) and arithmetic on them,
     no locals, gathers or PRNG."""
@@ -281,13 +204,17 @@ def _plain(e: Expr) -> bool:
     )
 
 
-def _product_terms(value: Expr, old: Expr) -> tuple[Expr, Expr] | None:
-    """``(a, b)`` when ``value`` is ``old + a * b`` (either order, or ``fma(a, b, old)``)."""
-    match value:
-        case Binary(op=Binop.ADD, a=x, b=Binary(op=Binop.MUL, a=a, b=b)) if x == old:
-            return a, b
-        case Binary(op=Binop.ADD, a=Binary(op=Binop.MUL, a=a, b=b), b=x) if x == old:
-            return a, b
+def _product_terms(acc: Store | SetLocal) -> tuple[Expr, Expr] | None:
+    """``(a, b)`` when ``acc`` sets its target to ``old + a * b`` (either order, or ``fma(a, b,
+    old)``)."""
+    update = update_of(acc, frozenset({Binop.ADD}))
+    if update is not None:
+        match update:
+            case Update(op=Binop.ADD, term=Binary(op=Binop.MUL, a=a, b=b)):
+                return a, b
+        return None
+    old = Load(acc.tnode, acc.indices) if isinstance(acc, Store) else GetLocal(acc.local)
+    match acc.value:
         case Ternary(op=Ternop.FMA, a=a, b=b, c=x) if x == old:
             return a, b
     return None
@@ -336,13 +263,12 @@ def _contraction_at(site: For, grid: tuple[Symbol, ...]) -> Contraction | None:
     if isinstance(acc, Store):
         if acc.skip_oob or acc.tnode.dtype is not dtypes.float32:
             return None
-        operands = _product_terms(acc.value, Load(acc.tnode, acc.indices))
     elif isinstance(acc, SetLocal):
         if acc.local.dtype is not dtypes.float32:
             return None
-        operands = _product_terms(acc.value, GetLocal(acc.local))
     else:
         return None
+    operands = _product_terms(acc)
     if operands is None:
         return None
     a, b = operands
@@ -358,7 +284,7 @@ def _contraction_at(site: For, grid: tuple[Symbol, ...]) -> Contraction | None:
         return None
     if any(isinstance(s, Symbol) and s not in k_symbols and s not in grid for s in sa | sb):
         return None
-    if isinstance(acc, Store) and k_symbols & expr_symbols_of_indices(acc.indices):
+    if isinstance(acc, Store) and k_symbols & indices_symbols(acc.indices):
         return None
     rows = tuple(s for s in grid if s in sa and s not in sb)
     cols = tuple(s for s in grid if s in sb and s not in sa)
@@ -378,13 +304,6 @@ def _columns_last(c: Contraction, stmt: Stmt, grid: tuple[Symbol, ...]) -> Contr
         if isinstance(last, Iter) and last.symbol in c.rows:
             return replace(c, a=c.b, b=c.a, rows=c.cols, cols=c.rows)
     return c
-
-
-def expr_symbols_of_indices(indices: tuple[AxisIndex, ...]) -> set[AnySymbol]:
-    out: set[AnySymbol] = set()
-    for idx in indices:
-        out |= _index_symbols(idx)
-    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,128 @@
+"""The shared loop-IR facts (ocannl/lowlevel/analysis.py): index forms, symbols, ranges and
+accesses, on hand-built indices and statements."""
+
+from ocannl.lowlevel import analysis as an
+from ocannl.lowlevel.indexing import Affine, Fixed, IndexSymbol, Iter, Symbol
+from ocannl.lowlevel.ir import Binary, Cast, EmbedIndex, Fill, Const, Load, LoadDynamic, Store, StoreDynamic, loop, seq
+from ocannl.lowlevel import dtypes
+from ocannl.lowlevel.scalar_ops import Binop
+from ocannl.lowlevel.tnode import TNode
+
+
+def test_affine_form_of_every_index_case():
+    i = Symbol()
+    assert an.affine_form(Fixed(3)) == ((), 3)
+    assert an.affine_form(Iter(i)) == (((1, i),), 0)
+    assert an.affine_form(Affine(((2, i),), -1)) == (((2, i),), -1)
+
+
+def test_make_index_is_canonical():
+    i, j = Symbol(), Symbol()
+    assert an.make_index({}, 4) == Fixed(4)
+    assert an.make_index({i: 0, j: 1}, 0) == Iter(j)
+    assert an.make_index({i: 1}, 2) == Affine(((1, i),), 2)
+    assert an.make_index({i: 2, j: -1}, 0) == Affine(((2, i), (-1, j)), 0)
+
+
+def test_scaled_sum_merges_terms_of_one_symbol():
+    i, j = Symbol(), Symbol()
+    # 3 * (2i + 1) + 2 * (j - i) + 1 * 5 = 4i + 2j + 8
+    parts = ((3, Affine(((2, i),), 1)), (2, Affine(((1, j), (-1, i)), 0)), (1, Fixed(5)))
+    assert an.scaled_sum(parts) == Affine(((4, i), (2, j)), 8)
+    # Terms that cancel leave a constant.
+    assert an.scaled_sum(((1, Iter(i)), (-1, Iter(i)))) == Fixed(0)
+
+
+def test_row_major_strides_and_offset():
+    i, j = Symbol(), Symbol()
+    assert an.row_major_strides((2, 3, 4)) == (12, 4, 1)
+    assert an.row_major_strides(()) == ()
+    assert an.row_major_offset((Iter(i), Fixed(1), Iter(j)), (2, 3, 4)) == Affine(((12, i), (1, j)), 4)
+    assert an.row_major_offset((Fixed(0), Iter(j)), (1, 5)) == Iter(j)
+
+
+def test_normalize_and_substitute_index():
+    i, j = Symbol(), Symbol()
+    simplest = Affine(((2, j),), 1)
+    assert an.normalize_index(simplest) is simplest
+    assert an.normalize_index(Affine(((1, i), (2, i)), 0)) == Affine(((3, i),), 0)
+    assert an.substitute_index(Iter(i), {i: Fixed(2)}) == Fixed(2)
+    assert an.substitute_index(Affine(((2, i), (1, j)), -1), {i: Affine(((3, j),), 1)}) == Affine(((7, j),), 1)
+
+
+def test_symbols_of_indices_and_expressions():
+    i, j, k = Symbol(), Symbol(), Symbol()
+    step = IndexSymbol("step", 10)
+    a, b = TNode("a", (4, 4)), TNode("b", (4,))
+    assert an.indices_symbols((Iter(i), None, Affine(((2, j), (1, step)), 0), Fixed(1))) == {i, j, step}
+    e = Binary(
+        Binop.ADD,
+        Load(a, (Iter(i), Affine(((1, j),), 1))),
+        Binary(
+            Binop.MUL,
+            LoadDynamic(b, 0, Const(0, dtypes.int32), ()),
+            Cast(EmbedIndex(Iter(k), dtypes.int32), dtypes.float32),
+        ),
+    )
+    assert an.expr_symbols(e) == {i, j, k}
+
+
+def test_provably_within_uses_extents_and_symbol_sizes():
+    i, j = Symbol(), Symbol()
+    extents = {i: 4, j: 3}
+    assert an.provably_within(Iter(i), 4, extents)
+    assert not an.provably_within(Iter(i), 3, extents)
+    assert an.provably_within(Affine(((2, j),), -1), 4, {j: 1}) is False  # -1 is outside
+    assert an.provably_within(Affine(((1, i), (1, j)), 0), 6, extents)
+    assert not an.provably_within(Iter(Symbol()), 100, extents)  # unknown loop
+    assert an.provably_within(Iter(IndexSymbol("b", 5)), 5, {})
+    assert not an.provably_within(Iter(IndexSymbol("b")), 5, {})  # no size: any value
+    # A loop of extent 0 runs no iteration: nothing it indexes is ever outside.
+    assert an.provably_within(Iter(i), 1, {i: 0})
+
+
+def test_index_range_over_closed_intervals():
+    i = Symbol()
+    assert an.index_range(Affine(((3, i),), 1), {i: (2, 5)}) == (7, 16)
+    assert an.index_range(Iter(i), {}) is None
+    assert an.range_within((0, 3), 4) and not an.range_within((0, 4), 4) and not an.range_within(None, 4)
+
+
+def test_accesses_lists_reads_before_the_write_with_dynamic_axes_open():
+    i = Symbol()
+    a, p = TNode("a", (3,)), TNode("p", (3,), dtypes.int32)
+    b, c = TNode("b", (2, 3)), TNode("c", (2, 3))
+    position = Load(p, (Iter(i),))
+    body = seq(
+        Store(c, (Fixed(0), Iter(i)), Binary(Binop.ADD, Load(a, (Iter(i),)), LoadDynamic(b, 0, position, (Iter(i),)))),
+        StoreDynamic(b, 0, position, (Iter(i),), Const(1.0, dtypes.float32)),
+        Fill(a, Const(0.0, dtypes.float32)),
+    )
+    nest = loop(i, 3, body)
+    expected = [
+        an.Access(a, (Iter(i),), False),
+        an.Access(b, (None, Iter(i)), False),
+        an.Access(p, (Iter(i),), False),
+        an.Access(c, (Fixed(0), Iter(i)), True),
+        an.Access(p, (Iter(i),), False),
+        an.Access(b, (None, Iter(i)), True),
+    ]
+    assert list(an.accesses(nest)) == expected
+    assert list(an.accesses(nest, fills=True)) == expected + [an.Access(a, (None,), True)]
+
+
+def test_loop_chain_stops_at_the_first_non_loop():
+    i, j = Symbol(), Symbol()
+    c = TNode("c", (2, 3))
+    store = Store(c, (Iter(i), Iter(j)), Const(1.0, dtypes.float32))
+    chain, body = an.loop_chain(loop(i, 2, loop(j, 3, store)))
+    assert [f.symbol for f in chain] == [i, j] and body is store
+    assert an.loop_chain(store) == ([], store)
+
+
+def test_cell_provably_within_needs_every_axis():
+    i, j = Symbol(), Symbol()
+    extents = {i: 2, j: 3}
+    assert an.cell_provably_within((Iter(i), Iter(j)), (2, 3), extents)
+    assert not an.cell_provably_within((Iter(i), Affine(((1, j),), 1)), (2, 3), extents)
+    assert an.cell_provably_within((), (), {})

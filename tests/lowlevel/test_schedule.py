@@ -1,0 +1,184 @@
+"""Reductions recognized once (ocannl/lowlevel/schedule.py): the three nest shapes, their loops
+and start, what is refused, and the emitters that consume the record."""
+
+import numpy as np
+
+from ocannl.backends import codegen
+from ocannl.backends.c import CBackend
+from ocannl.backends.interp import InterpBackend
+from ocannl.backends.metal import MetalBackend
+from ocannl.backends.metal import emit as metal_emit
+from ocannl.lowlevel import dtypes, summation
+from ocannl.lowlevel.indexing import Fixed, Iter, Symbol
+from ocannl.lowlevel.ir import (
+    Binary,
+    Const,
+    For,
+    GetLocal,
+    Load,
+    Local,
+    LocalScope,
+    RoutineIR,
+    SetLocal,
+    Store,
+    Unary,
+    loop,
+    seq,
+)
+from ocannl.lowlevel.scalar_ops import Binop, Unop
+from ocannl.lowlevel.schedule import Reduction, blocked_reduction_of, reduction_of, update_of
+from ocannl.lowlevel.tnode import TNode
+
+M, N, K = 16, 16, 32
+
+
+def matmul_nodes():
+    return TNode("a", (M, K)), TNode("b", (K, N)), TNode("c", (M, N))
+
+
+def product(a, b, i, j, k):
+    return Binary(Binop.MUL, Load(a, (Iter(i), Iter(k))), Load(b, (Iter(k), Iter(j))))
+
+
+def accumulate(c, i, j, term, op=Binop.ADD):
+    cell = (Iter(i), Iter(j))
+    return Store(c, cell, Binary(op, Load(c, cell), term))
+
+
+def test_update_of_both_targets_and_commuted_operands():
+    i = Symbol()
+    x = TNode("x", (4,))
+    v = Local(dtypes.float32)
+    term = Load(x, (Iter(i),))
+    cell = TNode("s", (1,))
+    store = Store(cell, (Fixed(0),), Binary(Binop.ADD, Load(cell, (Fixed(0),)), term))
+    assert update_of(store).term == term and update_of(store).op is Binop.ADD
+    set_local = SetLocal(v, Binary(Binop.MAX, GetLocal(v), term))
+    assert update_of(set_local).statement is set_local
+    commuted = SetLocal(v, Binary(Binop.ADD, term, GetLocal(v)))
+    assert update_of(commuted) is None
+    assert update_of(commuted, frozenset({Binop.ADD})).term == term
+    assert update_of(SetLocal(v, term)) is None
+
+
+def test_first_shape_any_loop_order():
+    a, b, c = matmul_nodes()
+    i, j, k = Symbol(), Symbol(), Symbol()
+    nest = loop(k, K, loop(i, M, loop(j, N, accumulate(c, i, j, product(a, b, i, j, k)))))
+    r = reduction_of(nest)
+    assert isinstance(r, Reduction) and r.separable
+    assert [f.symbol for f in r.parallel] == [i, j]
+    assert r.loop_extents == ((k, K),) and r.volume == K
+    assert r.reset is None and r.scope is None and r.op is Binop.ADD
+    assert r.dtype is c.dtype
+
+
+def test_second_shape_reset_inside_the_parallel_loops():
+    a, b, c = matmul_nodes()
+    i, j, k = Symbol(), Symbol(), Symbol()
+    cell = (Iter(i), Iter(j))
+    reset = Store(c, cell, Const(0.0, dtypes.float32))
+    nest = loop(i, M, loop(j, N, seq(reset, loop(k, K, accumulate(c, i, j, product(a, b, i, j, k))))))
+    r = reduction_of(nest)
+    assert r.reset is reset and r.reset_depth == 2 and r.separable
+    assert r.loop_extents == ((k, K),)
+    assert codegen.plan_contraction(nest) is not None
+
+
+def test_a_reset_inside_a_reduction_loop_is_not_separable():
+    """``for k0: c := 0; for k1: c += ..`` resets the cell at every ``k0``: no scheduler may
+    read it as one sum over ``k0`` and ``k1`` from zero."""
+    a, b, c = matmul_nodes()
+    i, j, k0, k1 = Symbol(), Symbol(), Symbol(), Symbol()
+    cell = (Iter(i), Iter(j))
+    term = Binary(Binop.MUL, Load(a, (Iter(i), Iter(k1))), Load(b, (Iter(k0), Iter(j))))
+    inner = seq(Store(c, cell, Const(0.0, dtypes.float32)), loop(k1, K, accumulate(c, i, j, term)))
+    nest = loop(i, M, loop(j, N, For(k0, K, inner, loop(k0, K, inner).kind)))
+    r = reduction_of(nest)
+    assert r is not None and r.reset_depth == 3 and not r.separable
+    assert codegen.plan_contraction(nest) is None
+    assert metal_emit.tree_reduction(For(k0, K, inner, loop(k0, K, inner).kind)) is None
+    assert summation.find_accumulation(nest) is None
+
+
+def test_third_shape_inlined_into_its_consumer():
+    a, b, c = matmul_nodes()
+    i, j, k = Symbol(), Symbol(), Symbol()
+    v = Local(dtypes.float32)
+    step = SetLocal(v, Binary(Binop.ADD, GetLocal(v), product(a, b, i, j, k)))
+    body = seq(SetLocal(v, Const(0.0, dtypes.float32)), loop(k, K, step))
+    store = Store(c, (Iter(i), Iter(j)), Unary(Unop.RELU, LocalScope(v, body)))
+    nest = loop(i, M, loop(j, N, store))
+    r = reduction_of(nest)
+    assert r.scope is not None and r.scope.local is v and r.init == Const(0.0, dtypes.float32)
+    assert [f.symbol for f in r.parallel] == [i, j] and r.loop_extents == ((k, K),) and r.separable
+    plan = codegen.plan_contraction(nest)
+    assert plan is not None and plan.scope is r.scope
+    tree = metal_emit.tree_reduction(store)
+    assert tree is not None and tree.loops == ((k, K),) and tree.init == r.init
+
+
+def test_shapes_that_are_no_reduction():
+    a, b, c = matmul_nodes()
+    i, j = Symbol(), Symbol()
+    cell = (Iter(i), Iter(j))
+    assert reduction_of(loop(i, M, loop(j, N, Store(c, cell, Load(a, (Iter(i), Fixed(0))))))) is None
+    other_cell = Store(c, (Iter(i), Fixed(0)), Load(c, cell))
+    reset_then_other_cell = seq(Store(c, cell, Const(0.0, dtypes.float32)), loop(j, N, other_cell))
+    assert reduction_of(loop(i, M, reset_then_other_cell)) is None
+    assert reduction_of(Store(c, cell, Load(c, cell), skip_oob=True)) is None
+
+
+def test_blocked_sum_is_read_back_as_one_reduction():
+    """The summation order's blocks of a long contraction: one record whose volume counts every
+    term once, and which the C tiler plans."""
+    a, b, c = TNode("a", (M, 300)), TNode("b", (300, N)), TNode("c", (M, N))
+    i, j, k = Symbol(), Symbol(), Symbol()
+    cell = (Iter(i), Iter(j))
+    term = Binary(Binop.MUL, Load(a, (Iter(i), Iter(k))), Load(b, (Iter(k), Iter(j))))
+    reset = Store(c, cell, Const(0.0, dtypes.float32))
+    nest = loop(i, M, loop(j, N, seq(reset, loop(k, 300, accumulate(c, i, j, term)))))
+    blocked = summation.block_sums(RoutineIR("r", nest)).body
+    assert reduction_of(blocked) is None  # no longer one loop of terms
+    r = blocked_reduction_of(blocked)
+    assert r is not None and r.blocks is not None and r.volume == 300
+    assert [f.symbol for f in r.around] == [i, j] and r.reset is not None and r.op is Binop.ADD
+    plan = codegen.plan_contraction(blocked)
+    assert plan is not None and plan.blocks == r.blocks and plan.work == M * N * 300
+
+
+def _reset_in_a_reduction_loop(k0: int, k1: int):
+    """``c[i, j] := 0`` inside ``for k0`` and before ``for k1``: only the last ``k0`` counts."""
+    a, b, c = TNode("a", (M, k1)), TNode("b", (k0, N)), TNode("c", (M, N))
+    i, j, s0, s1 = Symbol(), Symbol(), Symbol(), Symbol()
+    cell = (Iter(i), Iter(j))
+    term = Binary(Binop.MUL, Load(a, (Iter(i), Iter(s1))), Load(b, (Iter(s0), Iter(j))))
+    inner = seq(Store(c, cell, Const(0.0, dtypes.float32)), loop(s1, k1, accumulate(c, i, j, term)))
+    return RoutineIR("reset_inside", loop(i, M, loop(j, N, loop(s0, k0, inner)))), (a, b, c)
+
+
+def _backends():
+    """Every backend that runs hand-built loop IR here (Triton reads no Reduction record)."""
+    found = [InterpBackend("scalar"), InterpBackend("vectorized"), CBackend()]
+    return found + ([MetalBackend()] if MetalBackend().available()[0] else [])
+
+
+def test_a_reset_inside_a_reduction_loop_runs_as_written_on_every_backend():
+    """Large enough for C's register tiles and past the summation blocks: every backend keeps
+    the restart of the sum, so the cells hold the last ``k0``'s sum alone."""
+    k0, k1 = 3, 100
+    routine, (a, b, c) = _reset_in_a_reduction_loop(k0, k1)
+    rng = np.random.default_rng(3)
+    values = {a: rng.standard_normal((M, k1)).astype(np.float32), b: rng.standard_normal((k0, N)).astype(np.float32)}
+    # c[i, j] = sum over k1 of a[i, k1] * b[k0 - 1, j]
+    expected = values[a].astype(np.float64).sum(axis=1)[:, None] * values[b][k0 - 1].astype(np.float64)[None, :]
+    results = []
+    for backend in _backends():
+        routine_here = summation.block_sums(routine)
+        buffers = {n: np.array(values.get(n, np.zeros(n.dims)), dtype=n.dtype.storage)
+                   for n in routine_here.reads + routine_here.writes}
+        backend.compile(routine_here).run(buffers, {})
+        results.append(buffers[c])
+    np.testing.assert_allclose(results[0], expected, rtol=1e-5, atol=1e-4)
+    for got in results[1:]:
+        assert np.array_equal(got.view(np.uint32), results[0].view(np.uint32))
