@@ -92,11 +92,17 @@ class _ParamUpdate:
     prelude: tuple[Assignment, ...] = ()
     params: list[Tensor] = field(default_factory=list)
     states: list[tuple[Tensor, str, TNode]] = field(default_factory=list)
+    hyperparameter: Tensor | None = None
+    """A tensor hyper-parameter (``lr``), whose initializers are read when compiling, so that a
+    ``lr.set(...)`` made after the step was built counts."""
 
     def to_computation(self) -> Computation:
         state_inits = tuple((node, _initial_state(node)) for _, _, node in self.states)
+        inits = tuple(self.inits)
+        if self.hyperparameter is not None:
+            inits += tuple(self.hyperparameter.to_computation().inits)
         return Computation(self.name, Block(self.prelude + tuple(self.body), comment=self.name),
-                           tuple(self.inits) + state_inits)
+                           inits + state_inits)
 
     def state(self, p: Tensor, what: str, dims: tuple[int, ...] | None = None,
               dtype: dtypes.DType | None = None) -> TNode:
@@ -253,8 +259,7 @@ def _hyperparameter(x, name: str) -> _ParamUpdate:
     reads, so that ``lr = oc.tensor(...)`` holds its value on every context the step runs on."""
     if not isinstance(x, Tensor):
         return _ParamUpdate(name)
-    forward = x.to_computation()
-    return _ParamUpdate(name, inits=list(forward.inits), prelude=(forward.body,))
+    return _ParamUpdate(name, prelude=(x.to_computation().body,), hyperparameter=x)
 
 
 def checkpoint_entries(optimizers) -> list[checkpoint.Entry]:

@@ -339,3 +339,18 @@ def test_a_routine_reading_what_another_inlined_points_to_materialize(backend):
     ctx.compile(outer).run()
     second.run()
     np.testing.assert_array_equal(ctx.get(doubled), [4.0, 0.0, 12.0])
+
+
+@pytest.mark.parametrize("backend", ["interp", "c"])
+def test_a_learning_rate_set_before_the_first_compile_is_used(backend):
+    """``lr.set`` between building the step and compiling it must count (no stale snapshot)."""
+    w = oc.param("w_lr_before_compile", output=1, init=1.0)
+    x = oc.tensor(np.ones((1, 1), np.float32), batch=1)
+    loss = (w * x).sum()
+    lr = oc.tensor(np.array(0.1, np.float32))
+    update = train.grad_update(loss)
+    sgd = train.sgd_update(update, lr=lr)
+    lr.set(0.25)
+    ctx = oc.Context(backend)
+    ctx.compile(update, sgd).run()
+    np.testing.assert_allclose(ctx.get(w), [0.75])
