@@ -18,8 +18,9 @@ import numpy as np
 
 from ocannl.backends.c.compiler import compile_shared, toolchain
 from ocannl.backends.c.emit import CSource, emit_c
+from ocannl.backends.native import buffer_address, raise_for_status
 from ocannl.backends.shared_library import SharedLibrary
-from ocannl.errors import BackendUnavailable, OutOfBoundsError
+from ocannl.errors import BackendUnavailable
 from ocannl.lowlevel.indexing import IndexSymbol
 from ocannl.lowlevel.ir import RoutineIR
 from ocannl.lowlevel.tnode import TNode
@@ -71,25 +72,14 @@ class CExecutable:
         # Bindings were checked by Routine.run (base.check_binding): each fits in 64 bits.
         self._symbols[:] = [bindings[symbol] for symbol in self.source.symbols]
         status = self._function(self._addresses, self._symbols)
-        if status:
-            site = self.source.sites[status - 1]
-            if site.kind == "division":
-                raise ZeroDivisionError(site.message)
-            raise OutOfBoundsError(site.message)
+        raise_for_status(status, self.source.sites)
 
     def _check_buffers(self, arrays: list[np.ndarray]) -> list[int]:
         """The arrays' addresses, after checking each fits its node and none overlap."""
         args: list[int] = []
         spans = []
         for node, size, array in zip(self.source.nodes, self._sizes, arrays):
-            if array.dtype != node.dtype.storage or array.size != size or not array.flags.c_contiguous:
-                raise ValueError(
-                    f"the buffer of {node.debug_name} must be a C-contiguous {node.dtype.storage} array "
-                    f"of {size} elements, got {array.dtype} {array.shape}"
-                )
-            if not array.flags.writeable and node in self.routine.writes:
-                raise ValueError(f"the buffer of {node.debug_name} is read-only but routine {self.routine.name} writes it")
-            address = array.__array_interface__["data"][0]
+            address = buffer_address(node, size, array, self.routine)
             args.append(address)
             spans.append((address, address + array.nbytes, node))
         _check_disjoint(spans)

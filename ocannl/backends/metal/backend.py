@@ -18,8 +18,9 @@ import numpy as np
 
 from ocannl import config
 from ocannl.backends.metal import harness
+from ocannl.backends.native import buffer_address, raise_for_status
 from ocannl.backends.metal.emit import MetalProgram, Options, emit_metal
-from ocannl.errors import BackendUnavailable, OcannlError, OutOfBoundsError
+from ocannl.errors import BackendUnavailable, OcannlError
 from ocannl.lowlevel.indexing import IndexSymbol
 from ocannl.lowlevel.ir import RoutineIR
 from ocannl.lowlevel.tnode import TNode
@@ -82,19 +83,8 @@ class MetalExecutable:
         # Checked by Routine.run (base.check_binding): each fits in 64 bits.
         symbols = np.array([bindings[s] for s in self.program.symbols], np.int64)
         status = self._runner(self._addresses, symbols, arrays)
-        if status:
-            site = self.program.sites[status - 1]
-            if site.kind == "division":
-                raise ZeroDivisionError(site.message)
-            raise OutOfBoundsError(site.message)
+        raise_for_status(status, self.program.sites)
 
     def _check_buffers(self, arrays: list[np.ndarray]) -> None:
         for k, (node, size, array) in enumerate(zip(self.program.nodes, self._sizes, arrays)):
-            if array.dtype != node.dtype.storage or array.size != size or not array.flags.c_contiguous:
-                raise ValueError(
-                    f"the buffer of {node.debug_name} must be a C-contiguous {node.dtype.storage} array "
-                    f"of {size} elements, got {array.dtype} {array.shape}"
-                )
-            if not array.flags.writeable and node in self.routine.writes:
-                raise ValueError(f"the buffer of {node.debug_name} is read-only but routine {self.routine.name} writes it")
-            self._addresses[k] = array.__array_interface__["data"][0]
+            self._addresses[k] = buffer_address(node, size, array, self.routine)
