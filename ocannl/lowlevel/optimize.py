@@ -43,7 +43,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field, fields, is_dataclass, replace
-from typing import Any, Callable, Collection, Iterable, Iterator
+from typing import Any, Collection, Iterable, Iterator
 
 import numpy as np
 
@@ -57,6 +57,7 @@ from ocannl.lowlevel.ir import (
     LocalScope, RoutineIR, Seq, SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary, iter_exprs, iter_stmts,
     nesting, seq, stmt_exprs,
 )
+from ocannl.lowlevel.op_semantics import fold_binary, fold_unary
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
 from ocannl.lowlevel.tnode import MemoryMode, TNode
 
@@ -854,23 +855,16 @@ def _is_nan_const(c: Const) -> bool:
 
 def _fold(e: Expr) -> Const | None:
     """``e`` computed now, when its operands are constants and the operation rounds exactly
-    once in IEEE arithmetic (the interpreter's numpy scalars compute the same bits)."""
+    once in IEEE arithmetic: the interpreter's own scalar form of the operator
+    (``op_semantics``), so the folded bits are the ones the program would compute."""
     match e:
         case Unary(op=op, x=Const() as x, to=None) if x.dtype is not dtypes.uint4x32 and not _is_nan_const(x):
-            f = _FOLD_UNARY.get(op)
-            if f is None or (op is Unop.SQRT and not x.dtype.is_float):
-                return None
-            with np.errstate(all="ignore"):
-                value = f(_const_scalar(x), x.dtype)
+            value = fold_unary(op, _const_scalar(x), x.dtype)
             return None if value is None else _make_const(value, x.dtype)
         case Binary(op=op, a=Const() as a, b=Const() as b) if a.dtype is not dtypes.uint4x32:
             if _is_nan_const(a) or _is_nan_const(b):
                 return None
-            f = _FOLD_BINARY.get(op)
-            if f is None:
-                return None
-            with np.errstate(all="ignore"):
-                value = f(_const_scalar(a), _const_scalar(b), a.dtype)
+            value = fold_binary(op, _const_scalar(a), _const_scalar(b), a.dtype)
             return None if value is None else _make_const(value, a.dtype)
         case Cast(x=Const() as x, dtype=t) if x.dtype is not dtypes.uint4x32 and not _is_nan_const(x):
             v = _const_scalar(x)
@@ -881,87 +875,6 @@ def _fold(e: Expr) -> Const | None:
                     return None  # raises at run time
                 return Const(int(dtypes.wrap_int(t, int(v))), t)
     return None
-
-
-def _one_zero(dtype: DType) -> tuple[Any, Any]:
-    t = dtype.scalar
-    return t(1), t(0)
-
-
-def _int_result(fn: Callable[[int, int], int | None]) -> Callable[[Any, Any, DType], Any]:
-    def fold(a: Any, b: Any, dtype: DType) -> Any:
-        r = fn(int(a), int(b))
-        return None if r is None else dtypes.wrap_int(dtype, r)
-
-    return fold
-
-
-def _truncated_quotient(a: int, b: int) -> int | None:
-    if b == 0:
-        return None
-    q = abs(a) // abs(b)
-    return -q if (a < 0) != (b < 0) else q
-
-
-def _arith(float_fn: Callable[[Any, Any], Any], int_fn: Callable[[int, int], int | None]) -> Callable[..., Any]:
-    int_fold = _int_result(int_fn)
-    return lambda a, b, t: float_fn(a, b) if t.is_float else int_fold(a, b, t)
-
-
-def _predicate(fn: Callable[[Any, Any], bool]) -> Callable[..., Any]:
-    def fold(a: Any, b: Any, t: DType) -> Any:
-        one, zero = _one_zero(t)
-        return one if fn(a, b) else zero
-
-    return fold
-
-
-def _int_mod(a: int, b: int) -> int | None:
-    q = _truncated_quotient(a, b)
-    return None if q is None else a - b * q
-
-
-_FOLD_BINARY: dict[Binop, Callable[[Any, Any, DType], Any]] = {
-    Binop.ADD: _arith(lambda a, b: a + b, lambda a, b: a + b),
-    Binop.SUB: _arith(lambda a, b: a - b, lambda a, b: a - b),
-    Binop.MUL: _arith(lambda a, b: a * b, lambda a, b: a * b),
-    Binop.DIV: _arith(lambda a, b: a / b, _truncated_quotient),
-    Binop.MOD: _arith(np.fmod, _int_mod),
-    Binop.MAX: lambda a, b, t: a if a > b or b != b else b,
-    Binop.MIN: lambda a, b, t: a if a < b or b != b else b,
-    Binop.LT: _predicate(lambda a, b: a < b),
-    Binop.GT: _predicate(lambda a, b: a > b),
-    Binop.EQ: _predicate(lambda a, b: a == b),
-    Binop.NE: _predicate(lambda a, b: a != b),
-    Binop.AND: _predicate(lambda a, b: a != 0 and b != 0),
-    Binop.OR: _predicate(lambda a, b: a != 0 or b != 0),
-    Binop.RELU_GATE: lambda a, b, t: b if a > 0 else _one_zero(t)[1],
-    Binop.SAT01_GATE: lambda a, b, t: b if 0 < a < 1 else _one_zero(t)[1],
-}
-"""Binary operators folded at compile time: each rounds once (or not at all) in IEEE, written as
-the interpreter computes it (``ocannl/backends/interp``, scalar_ops.py)."""
-
-
-def _relu(x: Any, t: DType) -> Any:
-    zero = _one_zero(t)[1]
-    return x if x > zero else zero
-
-
-def _sat01(x: Any, t: DType) -> Any:
-    one, zero = _one_zero(t)
-    return zero if not x > zero else (x if x < one else one)
-
-
-_FOLD_UNARY: dict[Unop, Callable[[Any, DType], Any]] = {
-    Unop.NEG: lambda x, t: -x if t.is_float else dtypes.wrap_int(t, -int(x)),
-    Unop.ABS: lambda x, t: abs(x) if t.is_float else dtypes.wrap_int(t, abs(int(x))),
-    Unop.RELU: _relu,
-    Unop.SAT01: _sat01,
-    Unop.SQRT: lambda x, t: np.sqrt(x),
-    Unop.RECIP: lambda x, t: _one_zero(t)[0] / x if t.is_float else None,
-    Unop.NOT: lambda x, t: _one_zero(t)[0] if x == 0 else _one_zero(t)[1],
-}
-"""Unary operators folded at compile time (the correctly rounded ones; not exp, log, sin...)."""
 
 
 def _is_const(e: Expr, value: float, *, negative_zero: bool | None = None) -> bool:

@@ -1,4 +1,4 @@
-"""The scalar operator catalog shared by the assignments IR and the loop IR (spec/backend.md §1.2).
+"""The scalar operator catalog shared by the assignments IR and the loop IR.
 
 Each operator is an enum member whose value is its catalog name (``relu``, ``add``, ...). The
 meaning of each one, for float operands of a compute type (dtypes.py):
@@ -28,7 +28,9 @@ float32 or float64, the type the consumer asks for) and ``uint4x32_of x`` (an in
 uint4x32). Their bit-level contract, which every backend reproduces exactly, is the docstring of
 ``ocannl/lowlevel/prng.py``.
 
-The interpreter (backends/interp) is the executable form of this table. The C and Metal backends
+``ocannl/lowlevel/op_semantics.py`` is the executable form of this table (a scalar and an array
+form of every operator), which the interpreters run and constant folding calls; adding an operator
+is described in ``docs/operators.md``. The C and Metal backends
 compute the interpreter's bits for every operator except those of :data:`LIBM_OPS`, which agree
 to within :data:`LIBM_MAX_ULPS` (docs/semantics.md, "Numerics").
 """

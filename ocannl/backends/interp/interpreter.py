@@ -2,12 +2,12 @@
 
 It walks a :class:`~ocannl.lowlevel.ir.RoutineIR` over numpy buffers. Each statement and
 expression is compiled once into a Python closure; a run binds the buffers and index symbols and
-calls the routine's closure. Semantics (spec/backend.md §4.2, shared/DESIGN.md §3):
+calls the routine's closure. Semantics:
 
 * Arithmetic runs in the expression's dtype with numpy scalars (``np.float32 * np.float32`` is one
   float32 rounding), so a C compiler without contraction computes the same bits; ``fma`` rounds
-  once. The catalog's meaning of each operator is in ``ocannl/lowlevel/scalar_ops.py``; the
-  tables below implement it.
+  once. Each operator is computed by its scalar form in ``ocannl/lowlevel/op_semantics.py``,
+  the one executable statement of the catalogue (``ocannl/lowlevel/scalar_ops.py``).
 * A store converts to the node's storage: float16 and bfloat16 round to nearest even.
 * Every access is bounds-checked, at compile time when the loop extents prove it in bounds, else
   at run time: an index outside the buffer raises :class:`~ocannl.errors.OutOfBoundsError`
@@ -21,9 +21,6 @@ Index arithmetic uses Python ints; numpy scalars carry values only.
 from __future__ import annotations
 
 import math
-import operator
-import struct
-from fractions import Fraction
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping
 
@@ -41,6 +38,7 @@ from ocannl.lowlevel.ir import (
     format_stmt,
 )
 from ocannl.lowlevel.prng_reference import DEFAULT_ROUNDS, KEY_SCHEDULE_PARITY, ROTATIONS
+from ocannl.lowlevel.op_semantics import scalar_binary, scalar_fma, scalar_unary
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
 from ocannl.lowlevel.tnode import TNode
 
@@ -240,19 +238,19 @@ class _Compiler:
                 f, arg = _PRNG_CONVERSIONS[op, e.dtype], self.expr(x)
                 return lambda: f(arg())
             case Unary(op=op, x=x):
-                f, arg = _unary(op, e.dtype), self.expr(x)
+                f, arg = scalar_unary(op, e.dtype), self.expr(x)
                 return lambda: f(arg())
             case Binary(op=Binop.THREEFRY4X32, a=a, b=b):
                 key, counter = self.expr(a), self.expr(b)
                 return lambda: _threefry4x32(key(), counter())
             case Binary(op=op, a=a, b=b):
-                f, left, right = _binary(op, e.dtype), self.expr(a), self.expr(b)
+                f, left, right = scalar_binary(op, e.dtype), self.expr(a), self.expr(b)
                 return lambda: f(left(), right())
             case Ternary(op=Ternop.WHERE, a=a, b=b, c=c):
                 cond, then, other = self.expr(a), self.expr(b), self.expr(c)
                 return lambda: then() if cond() != 0 else other()
             case Ternary(op=Ternop.FMA, a=a, b=b, c=c):
-                f, x, y, z = _fma(e.dtype), self.expr(a), self.expr(b), self.expr(c)
+                f, x, y, z = scalar_fma(e.dtype), self.expr(a), self.expr(b), self.expr(c)
                 return lambda: f(x(), y(), z())
             case Ternary(op=Ternop.MUL3, a=a, b=b, c=c):
                 x, y, z = self.expr(a), self.expr(b), self.expr(c)
@@ -425,107 +423,6 @@ def _to_storage(dtype: DType) -> Callable[[Any], Any]:
     """Converts a compute-type value to what the node's buffer stores (numpy rounds float32 to
     float16 on assignment)."""
     return _float32_to_bfloat16 if dtype is dtypes.bfloat16 else (lambda v: v)
-
-
-def _unary(op: Unop, dtype: DType) -> Callable[[Any], Any]:
-    t = dtype.scalar
-    zero, one = t(0), t(1)
-    table: dict[Unop, Callable[[Any], Any]] = {
-        Unop.ID: lambda x: x,
-        Unop.RELU: lambda x: x if x > zero else zero,
-        Unop.SAT01: lambda x: zero if not x > zero else (x if x < one else one),
-        Unop.EXP: np.exp,
-        Unop.LOG: np.log,
-        Unop.EXP2: np.exp2,
-        Unop.LOG2: np.log2,
-        Unop.SIN: np.sin,
-        Unop.COS: np.cos,
-        Unop.SQRT: np.sqrt,
-        Unop.RECIP: lambda x: one / x,
-        Unop.RECIP_SQRT: lambda x: one / np.sqrt(x),
-        Unop.NEG: operator.neg,
-        Unop.TANH: np.tanh,
-        Unop.SIGMOID: lambda x: one / (one + np.exp(-x)),
-        Unop.ABS: abs,
-        Unop.NOT: lambda x: one if x == zero else zero,
-    }
-    return table[op]
-
-
-def _binary(op: Binop, dtype: DType) -> Callable[[Any, Any], Any]:
-    t = dtype.scalar
-    zero, one = t(0), t(1)
-    table: dict[Binop, Callable[[Any, Any], Any]] = {
-        Binop.ADD: operator.add,
-        Binop.SUB: operator.sub,
-        Binop.MUL: operator.mul,
-        Binop.DIV: operator.truediv if dtype.is_float else _int_div(dtype),
-        # C's pow through numpy's scalar power, special values included; not np.power, whose
-        # ufunc computes a broadcast exponent of 0.5 as sqrt (sqrt(-0.0) is -0.0, pow gives +0.0).
-        Binop.POW: operator.pow,
-        Binop.MAX: lambda a, b: a if a > b or b != b else b,
-        Binop.MIN: lambda a, b: a if a < b or b != b else b,
-        Binop.LT: lambda a, b: one if a < b else zero,
-        Binop.GT: lambda a, b: one if a > b else zero,
-        Binop.EQ: lambda a, b: one if a == b else zero,
-        Binop.NE: lambda a, b: one if a != b else zero,
-        Binop.RELU_GATE: lambda a, b: b if a > zero else zero,
-        Binop.SAT01_GATE: lambda a, b: b if zero < a < one else zero,
-        Binop.MOD: np.fmod if dtype.is_float else _int_mod(dtype),
-        Binop.AND: lambda a, b: one if a != zero and b != zero else zero,
-        Binop.OR: lambda a, b: one if a != zero or b != zero else zero,
-    }
-    return table[op]
-
-
-def _truncated_quotient(a: int, b: int) -> int:
-    q = abs(a) // abs(b)
-    return -q if (a < 0) != (b < 0) else q
-
-
-def _int_div(dtype: DType) -> Callable[[Any, Any], Any]:
-    return lambda a, b: dtypes.wrap_int(dtype, _truncated_quotient(int(a), int(b)))
-
-
-def _int_mod(dtype: DType) -> Callable[[Any, Any], Any]:
-    def mod(a: Any, b: Any) -> Any:
-        a, b = int(a), int(b)
-        return dtypes.wrap_int(dtype, a - b * _truncated_quotient(a, b))
-
-    return mod
-
-
-def _fma(dtype: DType) -> Callable[[Any, Any, Any], Any]:
-    if dtype is dtypes.float32:
-        return _fma_float32
-    if dtype is dtypes.float64:
-        return _fma_float64
-    return lambda a, b, c: dtypes.wrap_int(dtype, int(a) * int(b) + int(c))
-
-
-def _fma_float32(a: np.float32, b: np.float32, c: np.float32) -> np.float32:
-    """``a * b + c`` rounded once to float32. The product is exact in double; the sum is rounded
-    to odd in double (53 >= 24 + 2 bits), after which rounding to float32 is correct."""
-    p, z = float(a) * float(b), float(c)
-    s = p + z
-    if math.isfinite(s):
-        v = s - p
-        err = (p - (s - v)) + (z - v)  # TwoSum: p + z == s + err exactly
-        if err != 0 and not struct.unpack("<Q", struct.pack("<d", s))[0] & 1:
-            s = math.nextafter(s, math.inf if err > 0 else -math.inf)
-    return np.float32(s)
-
-
-def _fma_float64(a: np.float64, b: np.float64, c: np.float64) -> np.float64:
-    """``a * b + c`` rounded once, through exact rationals (``Fraction`` to float rounds
-    correctly)."""
-    if not (math.isfinite(a) and math.isfinite(b) and math.isfinite(c)):
-        return np.float64(float(a) * float(b) + float(c))
-    exact = Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c))
-    try:
-        return np.float64(float(exact))
-    except OverflowError:
-        return np.float64(math.inf if exact > 0 else -math.inf)
 
 
 # ---------------------------------------------------------------------------------------------

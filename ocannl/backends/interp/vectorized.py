@@ -19,7 +19,8 @@ argument, which ``docs/interpreter.md`` states in full:
   order, starting from ``acc``'s value: by ``np.add.accumulate`` (defined as the sequential left
   fold) or one grid-wide addition per term, so each cell sees the additions, and roundings, of
   the loop (:func:`_summation`).
-* **Operators** are the scalar ones applied elementwise: the same numpy ufuncs on arrays of the
+* **Operators** are the array forms of ``ocannl/lowlevel/op_semantics.py``, written beside the
+  scalar ones and equal to them applied elementwise: the same numpy ufuncs on arrays of the
   same dtype, comparisons and selections through ``np.where`` returning the operand the scalar
   code returns, the single-rounding ``fma`` by the same round-to-odd argument. Operators whose
   exact elementwise form numpy lacks (float64 ``fma``, int64 division, ``pow``) apply the scalar
@@ -56,16 +57,15 @@ from ocannl.lowlevel.ir import (
     LocalScope, RoutineIR, Seq, SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary, iter_exprs, iter_stmts,
     stmt_exprs,
 )
-from ocannl.lowlevel.prng_reference import DEFAULT_ROUNDS, KEY_SCHEDULE_PARITY, ROTATIONS
+from ocannl.lowlevel.op_semantics import array_binary, array_fma, array_unary
+from ocannl.lowlevel.prng_reference import threefry4x32
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
 from ocannl.lowlevel.tnode import TNode
 from ocannl.backends.interp.interpreter import (
     InterpExecutable,
-    _binary,
     _cast,
     _Compiler,
     _constant,
-    _fma,
     _zero,
 )
 
@@ -360,7 +360,7 @@ class _Vectorizer:
             saved = [(k, bufs[k].copy()) for k in slots]
             try:
                 vector()
-            except _Fault:
+            except (_Fault, ZeroDivisionError):  # the latter: an integer quotient's zero divisor
                 for k, data in saved:
                     bufs[k][...] = data
                 scalar()
@@ -551,7 +551,7 @@ class _Vectorizer:
                 arg = self.expr(x, grid)
                 return lambda: _uint4x32_of(arg())
             case Unary(op=op, x=x):
-                f, arg = _vector_unary(op, e.dtype), self.expr(x, grid)
+                f, arg = array_unary(op, e.dtype), self.expr(x, grid)
                 return lambda: f(arg())
             case Binary(op=Binop.THREEFRY4X32, a=a, b=b):
                 key, counter = self.expr(a, grid), self.expr(b, grid)
@@ -559,7 +559,7 @@ class _Vectorizer:
             case Binary(op=op, a=a, b=b):
                 if op in (Binop.DIV, Binop.MOD) and not e.dtype.is_float:
                     self.may_fault = True
-                f, left, right = _vector_binary(op, e.dtype), self.expr(a, grid), self.expr(b, grid)
+                f, left, right = array_binary(op, e.dtype), self.expr(a, grid), self.expr(b, grid)
                 return lambda: f(left(), right())
             case Ternary(op=Ternop.WHERE, a=a, b=b, c=c):
                 if a.dtype is dtypes.uint4x32:
@@ -569,7 +569,7 @@ class _Vectorizer:
                     return lambda: _where_lanes(cond() != 0, then(), other())
                 return lambda: np.where(cond() != 0, then(), other())
             case Ternary(op=Ternop.FMA, a=a, b=b, c=c):
-                f, x, y, z = _vector_fma(e.dtype), self.expr(a, grid), self.expr(b, grid), self.expr(c, grid)
+                f, x, y, z = array_fma(e.dtype), self.expr(a, grid), self.expr(b, grid), self.expr(c, grid)
                 return lambda: f(x(), y(), z())
             case Ternary(op=Ternop.MUL3, a=a, b=b, c=c):
                 x, y, z = self.expr(a, grid), self.expr(b, grid), self.expr(c, grid)
@@ -805,7 +805,8 @@ class _Vectorizer:
 
 
 # ---------------------------------------------------------------------------------------------
-# Values over grids: the scalar operators of interpreter.py, elementwise.
+# Values over grids: storage conversions and casts (the operators' array forms are in
+# ocannl/lowlevel/op_semantics.py).
 
 
 def _vector_from_storage(dtype: DType) -> Callable[[np.ndarray], Any]:
@@ -824,104 +825,6 @@ def _vector_to_storage(dtype: DType) -> Callable[[Any], np.ndarray]:
     if dtype is dtypes.uint4x32:
         return lambda lanes: np.stack(np.broadcast_arrays(*lanes), axis=-1)
     return lambda v: v
-
-
-def _vector_unary(op: Unop, dtype: DType) -> Callable[[Any], Any]:
-    t = dtype.storage.type
-    zero, one = t(0), t(1)
-    table: dict[Unop, Callable[[Any], Any]] = {
-        Unop.ID: lambda x: x,
-        Unop.RELU: lambda x: np.where(x > zero, x, zero),
-        Unop.SAT01: lambda x: np.where(x > zero, np.where(x < one, x, one), zero),
-        Unop.EXP: np.exp,
-        Unop.LOG: np.log,
-        Unop.EXP2: np.exp2,
-        Unop.LOG2: np.log2,
-        Unop.SIN: np.sin,
-        Unop.COS: np.cos,
-        Unop.SQRT: np.sqrt,
-        Unop.RECIP: lambda x: np.divide(one, x),
-        Unop.RECIP_SQRT: lambda x: np.divide(one, np.sqrt(x)),
-        Unop.NEG: np.negative,
-        Unop.TANH: np.tanh,
-        Unop.SIGMOID: lambda x: np.divide(one, np.add(one, np.exp(np.negative(x)))),
-        Unop.ABS: np.abs,
-        Unop.NOT: lambda x: np.where(x == zero, one, zero),
-    }
-    return table[op]
-
-
-def _vector_binary(op: Binop, dtype: DType) -> Callable[[Any, Any], Any]:
-    t = dtype.storage.type
-    zero, one = t(0), t(1)
-    table: dict[Binop, Callable[[Any, Any], Any]] = {
-        Binop.ADD: np.add,
-        Binop.SUB: np.subtract,
-        Binop.MUL: np.multiply,
-        Binop.DIV: np.divide if dtype.is_float else _integer_quotient(dtype, _binary(Binop.DIV, dtype)),
-        Binop.POW: _elementwise_pow(dtype),
-        Binop.MAX: lambda a, b: np.where((a > b) | (b != b), a, b),
-        Binop.MIN: lambda a, b: np.where((a < b) | (b != b), a, b),
-        Binop.LT: lambda a, b: np.where(a < b, one, zero),
-        Binop.GT: lambda a, b: np.where(a > b, one, zero),
-        Binop.EQ: lambda a, b: np.where(a == b, one, zero),
-        Binop.NE: lambda a, b: np.where(a != b, one, zero),
-        Binop.RELU_GATE: lambda a, b: np.where(a > zero, b, zero),
-        Binop.SAT01_GATE: lambda a, b: np.where((zero < a) & (a < one), b, zero),
-        Binop.MOD: np.fmod if dtype.is_float else _integer_quotient(dtype, _binary(Binop.MOD, dtype)),
-        Binop.AND: lambda a, b: np.where((a != zero) & (b != zero), one, zero),
-        Binop.OR: lambda a, b: np.where((a != zero) | (b != zero), one, zero),
-    }
-    return table[op]
-
-
-def _elementwise_pow(dtype: DType) -> Callable[[Any, Any], Any]:
-    """The scalar path's ``pow`` (the C library's) on each element: ``np.power``'s array loops are
-    other approximations, and for a broadcast exponent of 0.5 or 2 they compute ``sqrt`` or a
-    square, which differ from ``pow`` at -0.0 and -inf and in the last bit."""
-    scalar, t = _binary(Binop.POW, dtype), dtype.scalar
-    apply = np.frompyfunc(lambda a, b: scalar(t(a), t(b)), 2, 1)
-    return lambda a, b: np.asarray(apply(*np.broadcast_arrays(a, b)), dtype=object).astype(dtype.storage)
-
-
-def _integer_quotient(dtype: DType, scalar: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
-    """Integer ``div``/``mod`` (truncating, wrapping): the scalar operator on each element, after
-    checking no divisor is zero (else the scalar path raises ``ZeroDivisionError``)."""
-    apply = np.frompyfunc(scalar, 2, 1)
-    storage = dtype.storage
-
-    def quotient(a: Any, b: Any) -> Any:
-        a, b = np.broadcast_arrays(np.asarray(a, dtype=storage), np.asarray(b, dtype=storage))
-        if (b == 0).any():
-            raise _Fault
-        return np.asarray(apply(a.astype(object), b.astype(object)), dtype=object).astype(storage)
-
-    return quotient
-
-
-def _vector_fma(dtype: DType) -> Callable[[Any, Any, Any], Any]:
-    if dtype is dtypes.float32:
-        return _fma_float32
-    if dtype.is_float:
-        apply, scalar = np.frompyfunc(_fma(dtype), 3, 1), dtype.storage.type
-        return lambda a, b, c: np.asarray(
-            apply(*(np.asarray(x).astype(object) for x in np.broadcast_arrays(a, b, c))), dtype=object
-        ).astype(dtype.storage)
-    return lambda a, b, c: a * b + c  # wraps as the scalar path's exact product and sum do
-
-
-def _fma_float32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """interpreter._fma_float32 on arrays: the exact double product, its sum with ``c`` rounded
-    to odd, then rounded once to float32."""
-    p = a.astype(np.float64) * b.astype(np.float64)
-    z = np.asarray(c, dtype=np.float64)
-    s = p + z
-    v = s - p
-    err = (p - (s - v)) + (z - v)
-    even = (np.asarray(s).view(np.uint64) & np.uint64(1)) == 0
-    nudge = np.isfinite(s) & (err != 0) & even
-    s = np.where(nudge, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
-    return s.astype(np.float32)
 
 
 def _vector_cast(source: DType, target: DType) -> Callable[[Any], Any]:
@@ -947,44 +850,16 @@ def _where_lanes(cond: Any, then: tuple, other: tuple) -> tuple:
     return tuple(np.where(cond, x, y) for x, y in zip(then, other))
 
 
-# -- the PRNG, lane-wise on uint32 arrays (interpreter._threefry4x32 is the reference) ----------
-
-
-def _rotl(x: np.ndarray, r: int) -> np.ndarray:
-    return (x << np.uint32(r)) | (x >> np.uint32(32 - r))
+# -- the PRNG, lane-wise on uint32 arrays ---------------------------------------------------------
 
 
 def _threefry4x32(key: tuple, counter: tuple) -> tuple:
-    k0, k1, k2, k3 = key
-    ks = (k0, k1, k2, k3, k0 ^ k1 ^ k2 ^ k3 ^ np.uint32(KEY_SCHEDULE_PARITY))
-    c0, c1, c2, c3 = counter
-    x0, x1, x2, x3 = c0 + k0, c1 + k1, c2 + k2, c3 + k3
-    for s in range(1, DEFAULT_ROUNDS // 4 + 1):
-        (a0, b0), (a1, b1), (a2, b2), (a3, b3) = _ROTATION_GROUPS[s % 2]
-        x0 = x0 + x1
-        x1 = _rotl(x1, a0) ^ x0
-        x2 = x2 + x3
-        x3 = _rotl(x3, b0) ^ x2
-        x0 = x0 + x3
-        x3 = _rotl(x3, a1) ^ x0
-        x2 = x2 + x1
-        x1 = _rotl(x1, b1) ^ x2
-        x0 = x0 + x1
-        x1 = _rotl(x1, a2) ^ x0
-        x2 = x2 + x3
-        x3 = _rotl(x3, b2) ^ x2
-        x0 = x0 + x3
-        x3 = _rotl(x3, a3) ^ x0
-        x2 = x2 + x1
-        x1 = _rotl(x1, b3) ^ x2
-        x0 = x0 + ks[s % 5]
-        x1 = x1 + ks[(s + 1) % 5]
-        x2 = x2 + ks[(s + 2) % 5]
-        x3 = x3 + ks[(s + 3) % 5] + np.uint32(s)
-    return x0, x1, x2, x3
-
-
-_ROTATION_GROUPS = {1: ROTATIONS[0:4], 0: ROTATIONS[4:8]}
+    """Threefry-4x32-20 of every cell of the grid: the lanes (arrays that broadcast together)
+    stacked into words and run through the array implementation of
+    ocannl/lowlevel/prng_reference.py, the same standard function as the scalar interpreter's."""
+    words = np.broadcast_arrays(*key, *counter)
+    out = threefry4x32(np.stack(words[:4], axis=-1), np.stack(words[4:], axis=-1))
+    return tuple(out[..., j] for j in range(4))
 
 
 def _uniform1_float32(bits: tuple) -> np.ndarray:
