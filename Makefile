@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev-triton
+# The demo's pictures (loss curve, decision boundary, progress bar) come from the plot extra.
+DEMO_STAMP := $(VENV)/.installed-plot
 
 # The triton extra (triton, torch) is part of the test install. Without a GPU, torch is pinned to
 # its CPU build (constraints-cpu.txt) and Triton's tests run in its CPU interpreter
@@ -33,7 +35,11 @@ endif
 	$(PY) -m pip install --quiet --no-deps -e examples/numpy_loops
 	touch $(STAMP)
 
-demo: $(STAMP)
+$(DEMO_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[plot]'
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(PY) -m examples.moons
 
 test: $(STAMP)
