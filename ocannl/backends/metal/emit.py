@@ -2,7 +2,7 @@
 spec/backend.md §7.5).
 
 **Kernels.** The routine body is cut into kernels by the partitioner the Triton backend uses
-(``ocannl/backends/triton/partition.py``): a kernel runs a run of top-level statements over one
+(``ocannl/backends/partition.py``): a kernel runs a run of top-level statements over one
 grid, whose points are independent, each statement with its grid loops removed. Metal launches
 one thread per grid point (``thread_position_in_grid``, flattened row-major; grid = the product
 of the parallel extents), in threadgroups of :attr:`Options.threads_per_threadgroup`. Kernels run
@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 from ocannl.backends.codegen import Emitter, Site, comment_text
 from ocannl.backends.metal.syntax import MetalSyntax, msl_type
-from ocannl.backends.triton.partition import grid_candidates, partition, without_loops
+from ocannl.backends.partition import grid_candidates, partition, without_loops
 from ocannl.errors import OcannlError
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.analysis import indices_symbols

@@ -1,8 +1,8 @@
 """The ``triton`` backend: the optimized loop IR partitioned into tiled Triton kernels over torch
 tensors (shared/DESIGN.md §5).
 
-* ``partition.py`` cuts a routine into kernels (which loops run as grid axes, which statements
-  share a kernel, which nests are contractions for ``tl.dot``);
+* ``ocannl/backends/partition.py`` (shared with Metal) cuts a routine into kernels (which loops
+  run as grid axes, which statements share a kernel, which nests are contractions for ``tl.dot``);
 * ``emit.py`` writes one Python module per routine: the kernels and a ``launch`` function;
 * ``tiling.py`` is the block-size table; ``tlib.py`` the device functions the modules import;
 * ``runtime.py`` owns the buffers (torch tensors), loads modules and runs them.
@@ -37,7 +37,7 @@ def generate(routine: RoutineIR):
     """The Triton module source of ``routine`` (a :class:`~ocannl.backends.triton.emit.ModuleSource`),
     without loading it: for tests, golden files and the compile checks."""
     from ocannl.backends.triton.emit import emit_module
-    from ocannl.backends.triton.partition import partition
+    from ocannl.backends.partition import partition
 
     return emit_module(routine, partition(routine.body), options())
 

@@ -1,5 +1,5 @@
 """The Triton source emitter: one Python module per routine, one ``@triton.jit`` kernel per
-:class:`~ocannl.backends.triton.partition.Kernel`, and a ``launch`` function calling them in order.
+:class:`~ocannl.backends.partition.Kernel`, and a ``launch`` function calling them in order.
 
 **Tiles.** A *flat* kernel flattens its grid axes into one index ``xindex`` (``XBLOCK`` points a
 program, masked by ``xmask`` at the ragged end) and recovers each axis by ``//`` and ``%``
@@ -70,7 +70,7 @@ from ocannl.lowlevel.schedule import update_of
 from ocannl.lowlevel.tnode import TNode
 
 from ocannl.backends.triton import tiling
-from ocannl.backends.triton.partition import (
+from ocannl.backends.partition import (
     Contraction,
     Kernel,
     Part,

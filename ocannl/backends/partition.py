@@ -1,11 +1,12 @@
-"""Kernel partitioning: the optimized loop IR of a routine cut into Triton kernels.
+"""Kernel partitioning: the optimized loop IR of a routine cut into GPU kernels, shared by the
+Triton and Metal backends (each renders the kernels its own way).
 
 A routine body is a sequence of top-level statements (loop nests, fills, scalar stores). Each
 kernel runs a contiguous run of them, in order, over one *grid*: a tuple of axes whose points are
 independent, each mapped to one loop of every statement in the kernel (that statement's *grid
 loops*). A program of the kernel takes a tile of grid points and runs, for each statement in
 turn, the statement with its grid loops removed (the remaining loops run inside the program:
-vectorized over an inner tile, or sequentially; see emit.py).
+vectorized over an inner tile, or sequentially, as the backend's emitter decides).
 
 **Which loops can be grid loops** (:func:`grid_candidates`). A loop of the outermost perfect
 chain of a nest (each loop's body is the next loop), such that every node the nest writes is
@@ -29,7 +30,7 @@ what an earlier one wrote through another index pattern runs after it in its own
 
 **Contractions** (:class:`Contraction`): a nest ``c[I] (:= 0;) for k..: c[I] += a * b`` whose
 ``a`` and ``b`` split the grid loops into rows (in ``a`` only) and columns (in ``b`` only) and
-share the reduction loops becomes a ``tl.dot`` kernel over row x column tiles. Pointwise nests
+share the reduction loops becomes a kernel over row x column tiles (``tl.dot`` on Triton). Pointwise nests
 that follow with the same grid (a bias add, a relu) join it as its epilogue, computed on the
 accumulator tile before it leaves the registers.
 
