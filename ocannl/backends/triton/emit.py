@@ -36,7 +36,8 @@ outside its axis, it sets the routine's error flag, which the runtime turns into
 for an index the same in every lane, clamped to 0 as the C backend does.
 Scatter-adds use ``tl.atomic_add`` (rows may repeat).
 
-**Arithmetic** follows the scalar catalog (ocannl/lowlevel/scalar_ops.py): float32 division and
+**Arithmetic** follows the scalar catalog (ocannl/lowlevel/scalar_ops.py), each operator written
+by ``tile_expr.py``: float32 division and
 square roots are the correctly rounded ``tl.div_rn``/``tl.sqrt_rn``; the launcher passes
 ``enable_fp_fusion=False`` so that no multiply-add is contracted (unless the ``fast_math``
 setting is on); transcendental functions are Triton's (a few ulps from libm); float16 and
@@ -46,12 +47,8 @@ four uint32 lanes.
 
 from __future__ import annotations
 
-import math
-import re
 from dataclasses import dataclass, replace
 from typing import Any, Iterator
-
-import numpy as np
 
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.analysis import accesses, index_range, loop_chain, range_within, row_major_strides
@@ -70,6 +67,9 @@ from ocannl.lowlevel.schedule import update_of
 from ocannl.lowlevel.tnode import TNode
 
 from ocannl.backends.triton import tiling
+from ocannl.backends.triton.tile_expr import (
+    NAME_PATTERN, TileArithmetic, Val, from_storage, literal_code, paren, stored_literal, stored_value,
+)
 from ocannl.backends.partition import (
     Contraction,
     Kernel,
@@ -83,7 +83,6 @@ HELPERS = ("tanh", "pow", "threefry4x32", "uint4x32_of", "uniform1_float32", "un
            "bfloat16_round")
 """The device functions of ocannl/backends/triton/tlib.py a module may import."""
 
-_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*$")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -139,18 +138,6 @@ class ModuleSource:
 # Values and regions
 
 
-@dataclass(frozen=True)
-class Val:
-    """A value in generated code: ``code`` (a literal, a name, or an expression), the tile axes
-    it varies along, and its type. A uint4x32 value has four ``lanes`` instead of ``code``."""
-
-    code: str
-    axes: frozenset[str]
-    dtype: DType
-    literal: bool = False
-    lanes: tuple[str, str, str, str] | None = None
-
-
 @dataclass
 class Region:
     """Where statements are being emitted: the code and tile axes of each loop symbol, the
@@ -171,25 +158,6 @@ class Region:
         for k, v in changes.items():
             setattr(r, k, v)
         return r
-
-
-def _literal(value: float | int, dtype: DType) -> str:
-    if dtype.is_float:
-        v = float(value)
-        if math.isnan(v):
-            return 'float("nan")'
-        if math.isinf(v):
-            return 'float("inf")' if v > 0 else 'float("-inf")'
-        return repr(v)
-    return str(int(value))
-
-
-def _stored_value(value: float | int, dtype: DType) -> int | float:
-    """A constant as stored in a ``dtype`` buffer (bfloat16: its bits)."""
-    if dtype is dtypes.bfloat16:
-        return int(dtypes.float32_to_bfloat16_bits(np.float32(value)))
-    v = dtypes.round_to(dtype, value)
-    return float(v) if dtype.is_float else int(v)
 
 
 def _product(values: tuple[int, ...]) -> int:
@@ -338,6 +306,7 @@ class KernelWriter:
         self.used_stages = False
         self.options = options
         self.helpers: set[str] = set()
+        self.arithmetic = TileArithmetic(self.temp, self.helpers)
         self.lines: list[str] = []
         self.depth = 1
         self.constexprs: dict[str, int] = {}
@@ -490,7 +459,7 @@ class KernelWriter:
             for lane, v in enumerate(f.value.value):
                 self.line(f"tl.store({ptr} + {index} * 4 + {lane}, {v}, mask={mask})")
         else:
-            value = _literal(_stored_value(f.value.value, node.dtype), node.dtype)
+            value = literal_code(stored_value(f.value.value, node.dtype), node.dtype)
             self.line(f"tl.store({ptr} + {index}, {value}, mask={mask})")
         self.invalidate(node)
         self.written.add(node)
@@ -670,7 +639,7 @@ class KernelWriter:
             code = f"tl.where({masks}, {code}, 0.0)"
         if v.axes != region.axes:
             code = f"tl.broadcast_to({code}, {region.shape})"
-        return code if _NAME_PATTERN.match(code) else self.temp(code, prefix)
+        return code if NAME_PATTERN.match(code) else self.temp(code, prefix)
 
     def operand_16(self, e: Expr, region: Region) -> str:
         """A float16 load kept in its storage type for the tensor cores."""
@@ -850,9 +819,9 @@ class KernelWriter:
         old_first = isinstance(target, Store) and target.value.a == Load(target.tnode, target.indices) or (
             isinstance(target, SetLocal) and target.value.a == GetLocal(target.local))
         x, y = (a, v) if old_first else (v, a)
-        code = self.binary(op, x, y, dtype.compute)
+        code = self.arithmetic.binary(op, x, y, dtype.compute)
         if dtype is dtypes.float16:
-            code = f"{_paren(code)}.to(tl.float16).to(tl.float32)"
+            code = f"{paren(code)}.to(tl.float16).to(tl.float32)"
         elif dtype is dtypes.bfloat16:  # not .to(tl.bfloat16): the interpreter's conversion truncates
             self.helpers.add("bfloat16_round")
             code = f"bfloat16_round({code})"
@@ -970,9 +939,9 @@ class KernelWriter:
         v = self.expr(value, inner)
         dtype = value.dtype
         neutral = {Binop.ADD: 0, Binop.MAX: dtypes.lowest(dtype), Binop.MIN: dtypes.highest(dtype)}[op]
-        tile = self.tensor(v)
+        tile = self.arithmetic.tensor(v)
         if "r" in inner.masks:  # lanes past the ragged end add nothing
-            tile = f"tl.where({inner.masks['r']}, {tile}, {_literal(neutral, dtype)})"
+            tile = f"tl.where({inner.masks['r']}, {tile}, {literal_code(neutral, dtype)})"
         elif "r" not in v.axes:
             tile = f"tl.broadcast_to({tile}, {inner.shape})"
         axis = "axis=1, keep_dims=True" if region.axes else "axis=0"
@@ -1008,14 +977,14 @@ class KernelWriter:
                 self.line(_store(f"{ptr} + ({offset}) * 4 + {lane}", code, mask))
         else:
             if not value.literal:  # loads of this cell read the name (see the register cache)
-                value = replace(value, code=self.atom_code(value))
+                value = replace(value, code=self.arithmetic.atom(value))
             code = self.to_storage(value, node.dtype)
             if value.axes - axes:
                 offset = f"{offset} + tl.zeros({self.shape_for_axes(value.axes | axes)}, tl.int32)"
             self.line(_store(f"{ptr} + {offset}", code, mask))
         self.invalidate(node)
         if node.dtype.is_compute_type and not checks:
-            self.remember((node, self.canon_indices(indices, region), None), value if not value.literal else value)
+            self.remember((node, self.canon_indices(indices, region), None), value)
 
     def store_dynamic(self, s: StoreDynamic, region: Region) -> None:
         node = s.tnode
@@ -1054,12 +1023,12 @@ class KernelWriter:
     def to_storage(self, v: Val, dtype: DType) -> str:
         if v.literal:
             if dtype is dtypes.bfloat16:
-                return str(_stored_value(_literal_value(v.code), dtype))
+                return str(stored_value(v.value, dtype))
             if dtype is dtypes.float16:
-                return _literal(_stored_value(_literal_value(v.code), dtype), dtype)
+                return literal_code(stored_value(v.value, dtype), dtype)
             return v.code
         if dtype is dtypes.float16:
-            return f"{self.atom_code(v)}.to(tl.float16)"
+            return f"{self.arithmetic.atom(v)}.to(tl.float16)"
         if dtype is dtypes.bfloat16:
             self.helpers.add("bfloat16_bits")
             return f"bfloat16_bits({v.code})"
@@ -1078,7 +1047,7 @@ class KernelWriter:
                 for c, sym in terms:
                     code, ax = self.symbol_code(sym, region)
                     axes |= ax
-                    parts.append(code if c == 1 else f"{c} * {_paren(code)}")
+                    parts.append(code if c == 1 else f"{c} * {paren(code)}")
                 text = " + ".join(parts)
                 if off:
                     text += f" + {off}" if off > 0 else f" - {-off}"
@@ -1125,7 +1094,7 @@ class KernelWriter:
                         clamped = self.checked_scalar_index(code, dim)
                         coefficients[clamped] = coefficients.get(clamped, 0) + stride
                         continue
-                    c = _paren(code)
+                    c = paren(code)
                     low = self.lower_bound(idx, region)
                     tests = ([f"({c} >= 0)"] if low is None or low < 0 else []) + [f"({c} < {dim})"]
                     checks.append(" & ".join(tests))
@@ -1199,8 +1168,7 @@ class KernelWriter:
     def position(self, e: Expr, dim: int, region: Region) -> Val:
         """A data-dependent position, checked: out of range sets the error flag."""
         v = self.expr(e, region)
-        code = v.code if not v.literal else v.code
-        name = self.temp(code, "pos")
+        name = self.temp(v.code, "pos")
         self.checks_positions = True
         outside = f"({name} < 0) | ({name} >= {dim})"
         lanes = [region.masks[a] for a in sorted(v.axes) if a in region.masks]
@@ -1232,18 +1200,6 @@ class KernelWriter:
 
     # -- expressions ---------------------------------------------------------------------------
 
-    def atom_code(self, v: Val) -> str:
-        """``v``'s code, bound to a temporary first unless it is a name or a literal."""
-        if v.literal or _NAME_PATTERN.match(v.code):
-            return v.code
-        return self.temp(v.code)
-
-    def tensor(self, v: Val) -> str:
-        """``v`` as a tensor (a literal becomes a 0-d tensor of its type)."""
-        if v.literal:
-            return f"tl.full([], {v.code}, {v.dtype.triton_name})"
-        return v.code
-
     def load(self, e: Load, region: Region) -> Val:
         key = (e.tnode, self.canon_indices(e.indices, region), e.oob_value)
         hit = self.lookup(key)
@@ -1255,14 +1211,14 @@ class KernelWriter:
         mask = self.mask(axes, checks, region)
         ptr = self.node_names[e.tnode]
         node = e.tnode
-        other = "" if mask is None else ", other=" + _other(e.oob_value or 0, node.dtype)
+        other = "" if mask is None else ", other=" + stored_literal(e.oob_value or 0, node.dtype)
         if node.dtype is dtypes.uint4x32:
             lanes = tuple(self.temp(f"tl.load({ptr} + ({offset}) * 4 + {lane}{', mask=' + mask if mask else ''})", "w")
                           for lane in range(4))
             v = Val("", axes, node.dtype, lanes=lanes)
         else:
             code = f"tl.load({_pointer(f'{ptr} + {offset}')}{', mask=' + mask if mask else ''}{other})"
-            code += _from_storage(node.dtype)
+            code += from_storage(node.dtype)
             v = Val(self.temp(code), axes, node.dtype.compute)
         self.remember(key, v)
         return v
@@ -1273,9 +1229,9 @@ class KernelWriter:
         ptr = self.node_names[e.tnode]
         if e.tnode in self.written:
             self.reads_written = True
-        other = "" if mask is None else ", other=" + _other(e.oob_value or 0, e.tnode.dtype)
+        other = "" if mask is None else ", other=" + stored_literal(e.oob_value or 0, e.tnode.dtype)
         code = f"tl.load({ptr} + {offset}{', mask=' + mask if mask else ''}{other})"
-        return code + (_from_storage(e.tnode.dtype) if convert else "")
+        return code + (from_storage(e.tnode.dtype) if convert else "")
 
     def expr(self, e: Expr, region: Region) -> Val:
         match e:
@@ -1283,7 +1239,7 @@ class KernelWriter:
                 return Val("", frozenset(), dtypes.uint4x32,
                            lanes=tuple(f"tl.full([], {int(v)}, tl.uint32)" for v in lanes))
             case Const(value=value, dtype=dtype):
-                return Val(_literal(value, dtype), frozenset(), dtype, literal=True)
+                return Val.constant(value, dtype)
             case Load():
                 return self.load(e, region)
             case LoadDynamic(tnode=node, axis=axis, position=p, indices=indices):
@@ -1297,7 +1253,7 @@ class KernelWriter:
                 if node in self.written:
                     self.reads_written = True
                 guard = "" if mask is None else f", mask={mask}, other=0"  # no mask: the position is clamped
-                code = f"tl.load({self.node_names[node]} + {offset}{guard}){_from_storage(node.dtype)}"
+                code = f"tl.load({self.node_names[node]} + {offset}{guard}){from_storage(node.dtype)}"
                 v = Val(self.temp(code), axes, node.dtype.compute)
                 self.remember(key, v)
                 return v
@@ -1310,13 +1266,13 @@ class KernelWriter:
                 v = self.expr(x, region)
                 self.helpers.add("uint4x32_of")
                 lanes = tuple(self.names.numbered("w") for _ in range(4))
-                self.line(f"{', '.join(lanes)} = uint4x32_of({self.tensor(v)})")
+                self.line(f"{', '.join(lanes)} = uint4x32_of({self.arithmetic.tensor(v)})")
                 return Val("", v.axes, dtypes.uint4x32, lanes=lanes)
             case Unary(op=op, x=x):
                 v = self.expr(x, region)
                 if v.literal and op in (Unop.NEG, Unop.ID):
-                    return v if op is Unop.ID else Val(_negate(v.code), frozenset(), v.dtype, literal=True)
-                return Val(self.unary(op, v), v.axes, v.dtype)
+                    return v if op is Unop.ID else self.arithmetic.negate(v)
+                return Val(self.arithmetic.unary(op, v), v.axes, v.dtype)
             case Binary(op=Binop.THREEFRY4X32, a=a, b=b):
                 key, counter = self.expr(a, region), self.expr(b, region)
                 self.helpers.add("threefry4x32")
@@ -1325,39 +1281,31 @@ class KernelWriter:
                 return Val("", key.axes | counter.axes, dtypes.uint4x32, lanes=lanes)
             case Binary(op=op, a=a, b=b):
                 x, y = self.expr(a, region), self.expr(b, region)
-                return Val(self.binary(op, x, y, e.dtype), x.axes | y.axes, e.dtype)
+                return Val(self.arithmetic.binary(op, x, y, e.dtype), x.axes | y.axes, e.dtype)
             case Ternary(op=Ternop.WHERE, a=a, b=b, c=c):
                 cond, then, other = self.expr(a, region), self.expr(b, region), self.expr(c, region)
                 axes = cond.axes | then.axes | other.axes
                 if e.dtype is dtypes.uint4x32:
-                    ca = self.atom_code(cond) if not cond.literal else cond.code
+                    ca = self.arithmetic.atom(cond) if not cond.literal else cond.code
                     lanes = tuple(self.temp(f"tl.where({ca} != 0, {p}, {q})", "w")
                                   for p, q in zip(then.lanes, other.lanes))
                     return Val("", axes, e.dtype, lanes=lanes)
-                if then.literal and other.literal:
-                    then = replace(then, code=self.tensor(then), literal=False)
-                return Val(f"tl.where({cond.code} != 0, {then.code}, {other.code})", axes, e.dtype)
+                return Val(self.arithmetic.where(cond, then, other), axes, e.dtype)
             case Ternary(op=Ternop.FMA, a=a, b=b, c=c):
                 x, y, z = (self.expr(v, region) for v in (a, b, c))
-                axes = x.axes | y.axes | z.axes
-                if e.dtype.is_float:
-                    return Val(f"tl.fma({self.tensor(x)}, {self.tensor(y)}, {self.tensor(z)})", axes, e.dtype)
-                return Val(f"({self.arith(x, y, '*')} + {z.code})", axes, e.dtype)
+                return Val(self.arithmetic.fma(x, y, z, e.dtype), x.axes | y.axes | z.axes, e.dtype)
             case Ternary(op=Ternop.MUL3, a=a, b=b, c=c):
                 x, y, z = (self.expr(v, region) for v in (a, b, c))
-                xy = Val(self.arith(x, y, "*"), x.axes | y.axes, e.dtype)
-                return Val(self.arith(xy, z, "*"), xy.axes | z.axes, e.dtype)
+                xy = Val(self.arithmetic.arith(x, y, "*"), x.axes | y.axes, e.dtype)
+                return Val(self.arithmetic.arith(xy, z, "*"), xy.axes | z.axes, e.dtype)
             case Cast(x=x, dtype=dtype):
                 v = self.expr(x, region)
-                if v.literal:
-                    raw = _literal_value(v.code)
-                    return Val(_literal(dtypes.round_to(dtype, raw), dtype), frozenset(), dtype, literal=True)
-                return Val(f"{_paren(v.code)}.to({dtype.triton_name})", v.axes, dtype)
+                return self.arithmetic.cast(v, dtype)
             case EmbedIndex(index=index, dtype=dtype):
                 code, axes = self.index_code(index, region)
                 if not axes and isinstance(index, Fixed):
-                    return Val(str(index.index), frozenset(), dtype, literal=True)
-                return Val(f"{_paren(code)}.to({dtype.triton_name})", axes, dtype)
+                    return Val.constant(index.index, dtype, code=str(index.index))
+                return Val(f"{paren(code)}.to({dtype.triton_name})", axes, dtype)
             case GetLocal(local=local):
                 return self.locals[local]
             case LocalScope(local=local, body=body):
@@ -1367,97 +1315,6 @@ class KernelWriter:
                 self.stmt(body, region)
                 return self.locals[local]
         raise TypeError(f"the Triton emitter does not know the expression {e!r}")
-
-    def arith(self, x: Val, y: Val, symbol: str) -> str:
-        """``x symbol y`` with Triton's infix operators; a literal operand stays a literal when
-        the other is a tensor of a type that takes Python numbers without changing it."""
-        t = x.dtype
-        weak = t in (dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64)
-        if x.literal and (y.literal or not weak):
-            return f"({self.tensor(x)} {symbol} {y.code if weak else self.tensor(y)})"
-        if y.literal and not weak:
-            return f"({x.code} {symbol} {self.tensor(y)})"
-        return f"({x.code} {symbol} {y.code})"
-
-    def unary(self, op: Unop, v: Val) -> str:
-        t = v.dtype
-        zero, one = _literal(0, t), _literal(1, t)
-        x = self.tensor(v)
-        match op:
-            case Unop.ID:
-                return v.code
-            case Unop.NEG:
-                return f"(-{_paren(x)})"
-            case Unop.RELU:
-                a = self.atom_code(replace(v, code=x, literal=False))
-                return f"tl.where({a} > 0, {a}, {zero})"
-            case Unop.SAT01:
-                a = self.atom_code(replace(v, code=x, literal=False))
-                return f"tl.where({a} > 0, tl.where({a} < 1, {a}, {one}), {zero})"
-            case Unop.EXP | Unop.LOG | Unop.EXP2 | Unop.LOG2 | Unop.SIN | Unop.COS:
-                return f"tl.{op.value}({x})"
-            case Unop.SQRT:
-                return f"tl.sqrt_rn({x})" if t is dtypes.float32 else f"tl.sqrt({x})"
-            case Unop.RECIP:
-                return self.divide(Val(one, frozenset(), t, literal=True), replace(v, code=x, literal=False))
-            case Unop.RECIP_SQRT:
-                root = f"tl.sqrt_rn({x})" if t is dtypes.float32 else f"tl.sqrt({x})"
-                return self.divide(Val(one, frozenset(), t, literal=True), Val(root, v.axes, t))
-            case Unop.TANH:
-                self.helpers.add("tanh")
-                return f"tanh({x})"
-            case Unop.SIGMOID:
-                return self.divide(Val(one, frozenset(), t, literal=True), Val(f"({one} + tl.exp(-{_paren(x)}))", v.axes, t))
-            case Unop.ABS:
-                return f"tl.abs({x})"
-            case Unop.NOT:
-                return f"({_paren(x)} == 0).to({t.triton_name})"
-        raise TypeError(f"the Triton emitter does not know the operator {op.value}")
-
-    def divide(self, x: Val, y: Val) -> str:
-        t = x.dtype
-        if t is dtypes.float32:
-            if x.literal and y.literal:
-                return f"tl.div_rn({self.tensor(x)}, {y.code})"
-            return f"tl.div_rn({x.code}, {y.code})"
-        if t.is_float:
-            return self.arith(x, y, "/")
-        return self.arith(x, y, "//")
-
-    def binary(self, op: Binop, x: Val, y: Val, t: DType) -> str:
-        zero, one = _literal(0, t), _literal(1, t)
-        tn = t.triton_name
-        match op:
-            case Binop.ADD:
-                return self.arith(x, y, "+")
-            case Binop.SUB:
-                return self.arith(x, y, "-")
-            case Binop.MUL:
-                return self.arith(x, y, "*")
-            case Binop.DIV:
-                return self.divide(x, y)
-            case Binop.MOD:
-                return self.arith(x, y, "%")
-            case Binop.POW:
-                self.helpers.add("pow")
-                return f"pow({self.tensor(x)}, {self.tensor(y)})"
-            case Binop.MAX | Binop.MIN:
-                fn = "tl.maximum" if op is Binop.MAX else "tl.minimum"
-                # C's fmax/fmin: the non-NaN operand when one is NaN (Triton's default).
-                return f"{fn}({self.tensor(x)}, {y.code if not y.literal or t.is_float else self.tensor(y)})"
-            case Binop.LT | Binop.GT | Binop.EQ | Binop.NE:
-                sym = {Binop.LT: "<", Binop.GT: ">", Binop.EQ: "==", Binop.NE: "!="}[op]
-                return f"{self.arith(x, y, sym)}.to({tn})"
-            case Binop.RELU_GATE:
-                return f"tl.where({self.tensor(x)} > 0, {self.tensor(y)}, {zero})"
-            case Binop.SAT01_GATE:
-                a = self.atom_code(replace(x, code=self.tensor(x), literal=False))
-                return f"tl.where({a} > 0, tl.where({a} < 1, {self.tensor(y)}, {zero}), {zero})"
-            case Binop.AND:
-                return f"tl.where({self.tensor(x)} != 0, ({self.tensor(y)} != 0).to({tn}), {zero})"
-            case Binop.OR:
-                return f"tl.where({self.tensor(x)} != 0, {self.tensor(Val(one, frozenset(), t, literal=True))}, ({self.tensor(y)} != 0).to({tn}))"
-        raise TypeError(f"the Triton emitter does not know the operator {op.value}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1514,12 +1371,6 @@ def _cells(node: TNode) -> int:
     return _product(node.dims)
 
 
-def _other(value: float | int, dtype: DType) -> str:
-    """The ``other=`` of a masked load: ``value`` as the buffer stores it."""
-    stored = _stored_value(value, dtype) if dtype is not dtypes.uint4x32 else 0
-    return str(stored) if dtype is dtypes.bfloat16 else _literal(stored, dtype if dtype is not dtypes.uint4x32 else dtypes.uint32)
-
-
 def _sets_first(s: Stmt, local: Local) -> bool:
     """Whether ``s`` assigns ``local`` a value that does not read it (so its zero is never seen)."""
     return isinstance(s, SetLocal) and s.local is local and not any(
@@ -1541,14 +1392,6 @@ def _sets_undeclared_local(body: Stmt) -> bool:
     return any(isinstance(s, SetLocal) and s.local not in declared for s in iter_stmts(body))
 
 
-def _from_storage(dtype: DType) -> str:
-    if dtype is dtypes.float16:
-        return ".to(tl.float32)"
-    if dtype is dtypes.bfloat16:
-        return ".to(tl.bfloat16, bitcast=True).to(tl.float32)"
-    return ""
-
-
 def _sixteen_bit_load(e: Expr) -> DType | None:
     """The storage type of an operand that is a plain float16/bfloat16 load."""
     if isinstance(e, Load) and e.oob_value in (None, 0, 0.0) and e.tnode.dtype in (dtypes.float16, dtypes.bfloat16):
@@ -1565,33 +1408,8 @@ def _pointer(code: str) -> str:
     return code[:-4] if code.endswith(" + 0") else code
 
 
-def _paren(code: str) -> str:
-    return code if _NAME_PATTERN.match(code) or re.fullmatch(r"-?[0-9.e+-]+", code) or (
-        code.startswith("(") and _balanced_outer(code)) else f"({code})"
-
-
-def _balanced_outer(code: str) -> bool:
-    depth = 0
-    for k, ch in enumerate(code):
-        depth += ch == "("
-        depth -= ch == ")"
-        if depth == 0 and k < len(code) - 1:
-            return False
-    return True
-
-
 def _scaled(code: str, c: int) -> str:
-    return code if c == 1 else f"{_paren(code)} * {c}"
-
-
-def _negate(code: str) -> str:
-    return code[1:] if code.startswith("-") else f"-{code}"
-
-
-def _literal_value(code: str) -> float | int:
-    if code.startswith("float("):
-        return float(code[7:-2])
-    return float(code) if any(ch in code for ch in ".en") else int(code)
+    return code if c == 1 else f"{paren(code)} * {c}"
 
 
 def _shorten(text: str, width: int = 92) -> str:
