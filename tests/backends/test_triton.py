@@ -295,6 +295,26 @@ def test_matmul_256_is_a_tiled_dot_over_many_programs():
     assert np.allclose(ctx.get(c.value), expected, rtol=1e-5, atol=1e-4)
 
 
+def test_each_kernel_is_planned_before_it_is_written():
+    """plan.py decides tiling, blocks and grid as data; the written kernel launches that grid."""
+    from ocannl.backends.partition import partition
+    from ocannl.backends.triton.plan import DotPlan, FlatPlan, plan_kernel
+
+    def build():
+        x = oc.tensor(data(96, 80, seed=1), batch=1, label="x")
+        w = oc.tensor(data(300, 80, seed=2), input=1, label="w")
+        return [oc.relu(w @ x)]
+
+    ir = routines_of(build)[-1]
+    kernels = partition(ir.body)
+    plans = [plan_kernel(k) for k in kernels]
+    (dot,) = [p for p in plans if isinstance(p, DotPlan)]
+    assert (dot.m, dot.n, dot.k_total) == (96, 300, 80) or (dot.m, dot.n, dot.k_total) == (300, 96, 80)
+    assert dot.grid == dot.row_tiles * dot.col_tiles and dot.k_ragged == (80 % dot.blocks.block_k != 0)
+    assert all(isinstance(p, (DotPlan, FlatPlan)) or p.fills for p in plans)
+    assert [k.grid for k in generate(ir).kernels] == [p.grid for p in plans]
+
+
 def test_matmul_bias_relu_is_one_kernel():
     def build():
         x = oc.tensor(data(64, 48, seed=1), batch=1, label="x")

@@ -52,26 +52,25 @@ def _rotl(x, r: tl.constexpr):
 
 
 @triton.jit
+def _round(x0, x1, x2, x3, a: tl.constexpr, b: tl.constexpr):
+    """One Threefry round, mixing (x0, x1) with rotation ``a`` and (x2, x3) with ``b``. It returns
+    the lanes with x1 and x3 exchanged, so that the next round, by the same code, mixes (x0, x3)
+    and (x2, x1) as Threefry's odd rounds do; four rounds restore the lane order."""
+    x0 = x0 + x1
+    x1 = _rotl(x1, a) ^ x0
+    x2 = x2 + x3
+    x3 = _rotl(x3, b) ^ x2
+    return x0, x3, x2, x1
+
+
+@triton.jit
 def _four_rounds(x0, x1, x2, x3, a0: tl.constexpr, b0: tl.constexpr, a1: tl.constexpr, b1: tl.constexpr,
                  a2: tl.constexpr, b2: tl.constexpr, a3: tl.constexpr, b3: tl.constexpr):
     """Four Threefry rounds: even rounds mix (x0, x1), (x2, x3); odd rounds (x0, x3), (x2, x1)."""
-    x0 = x0 + x1
-    x1 = _rotl(x1, a0) ^ x0
-    x2 = x2 + x3
-    x3 = _rotl(x3, b0) ^ x2
-    x0 = x0 + x3
-    x3 = _rotl(x3, a1) ^ x0
-    x2 = x2 + x1
-    x1 = _rotl(x1, b1) ^ x2
-    x0 = x0 + x1
-    x1 = _rotl(x1, a2) ^ x0
-    x2 = x2 + x3
-    x3 = _rotl(x3, b2) ^ x2
-    x0 = x0 + x3
-    x3 = _rotl(x3, a3) ^ x0
-    x2 = x2 + x1
-    x1 = _rotl(x1, b3) ^ x2
-    return x0, x1, x2, x3
+    x0, x1, x2, x3 = _round(x0, x1, x2, x3, a0, b0)
+    x0, x1, x2, x3 = _round(x0, x1, x2, x3, a1, b1)
+    x0, x1, x2, x3 = _round(x0, x1, x2, x3, a2, b2)
+    return _round(x0, x1, x2, x3, a3, b3)
 
 
 @triton.jit

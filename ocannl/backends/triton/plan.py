@@ -1,0 +1,184 @@
+"""What a Triton kernel will be, decided before any of its code is written: its tiling, block
+sizes, grid and launch settings.
+
+The partitioner (``ocannl/backends/partition.py``) says which statements share a kernel and
+which loops are its grid; :func:`plan_kernel` turns one :class:`~ocannl.backends.partition.Kernel`
+into a plan, plain data that tests and tools can read (how many programs a launch starts, which
+kernels use ``tl.dot``) without generating text; the writers of emit.py render a plan.
+
+* :class:`FillPlan`: whole-buffer fills, one flat tile of ``XBLOCK`` cells a program.
+* :class:`FlatPlan`: the grid points flattened into ``XBLOCK`` tiles; inner loops (reductions,
+  the rows of a softmax) in ``RBLOCK`` tiles when ``rblock`` is set.
+* :class:`DotPlan`: a contraction's rows x columns in ``BLOCK_M x BLOCK_N`` tiles (times the
+  batch), summed over ``BLOCK_K`` steps with ``tl.dot``.
+
+Block sizes come from the table in tiling.py.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterator
+
+from ocannl.lowlevel import dtypes
+from ocannl.lowlevel.analysis import loop_chain
+from ocannl.lowlevel.dtypes import DType
+from ocannl.lowlevel.ir import Expr, Fill, For, Load, Stmt, iter_stmts
+from ocannl.lowlevel.tnode import TNode
+
+from ocannl.backends.partition import Kernel
+from ocannl.backends.triton import tiling
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class FillPlan:
+    """Fills: ``fills`` (the last fill of each node), over ``numel`` cells at most."""
+
+    fills: tuple[Fill, ...]
+    numel: int
+    blocks: tiling.FlatBlocks
+
+    @property
+    def grid(self) -> int:
+        return _ceil_div(self.numel, self.blocks.xblock)
+
+    @property
+    def num_warps(self) -> int:
+        return self.blocks.num_warps
+
+    num_stages = None
+
+
+@dataclass(frozen=True)
+class FlatPlan:
+    """A flat kernel over ``numel`` grid points (``0``: no grid axis, one program)."""
+
+    numel: int
+    has_grid: bool
+    blocks: tiling.FlatBlocks
+
+    @property
+    def grid(self) -> int:
+        return _ceil_div(self.numel, self.blocks.xblock) if self.has_grid else 1
+
+    @property
+    def ragged(self) -> bool:
+        """Whether the last program's tile runs past the grid (its lanes are masked)."""
+        return self.numel % self.blocks.xblock != 0
+
+    @property
+    def rblock(self) -> int | None:
+        return self.blocks.rblock
+
+    @property
+    def num_warps(self) -> int:
+        return self.blocks.num_warps
+
+    num_stages = None
+
+
+@dataclass(frozen=True)
+class DotPlan:
+    """A contraction: row, column, batch and reduction extents (each a tuple of loop extents,
+    flattened row-major), the tile sizes, and the 16-bit storage type both operands share
+    (``None``: the operands are float32 tiles)."""
+
+    rows: tuple[int, ...]
+    cols: tuple[int, ...]
+    batch: tuple[int, ...]
+    k: tuple[int, ...]
+    sixteen: DType | None
+    blocks: tiling.DotBlocks
+
+    @property
+    def m(self) -> int:
+        return math.prod(self.rows)
+
+    @property
+    def n(self) -> int:
+        return math.prod(self.cols)
+
+    @property
+    def k_total(self) -> int:
+        return math.prod(self.k)
+
+    @property
+    def row_tiles(self) -> int:
+        return _ceil_div(self.m, self.blocks.block_m)
+
+    @property
+    def col_tiles(self) -> int:
+        return _ceil_div(self.n, self.blocks.block_n)
+
+    @property
+    def tiles(self) -> int:
+        """Output tiles of one batch entry."""
+        return self.row_tiles * self.col_tiles
+
+    @property
+    def grid(self) -> int:
+        return math.prod(self.batch) * self.tiles
+
+    @property
+    def k_ragged(self) -> bool:
+        """Whether the last ``BLOCK_K`` step runs past the reduction (its lanes are masked)."""
+        return self.k_total % self.blocks.block_k != 0
+
+    @property
+    def num_warps(self) -> int:
+        return self.blocks.num_warps
+
+    @property
+    def num_stages(self) -> int:
+        return self.blocks.num_stages
+
+
+Plan = FillPlan | FlatPlan | DotPlan
+
+
+def plan_kernel(kernel: Kernel, inner_tiles: bool = True) -> Plan:
+    """The plan of ``kernel``. ``inner_tiles=False`` plans a flat kernel without ``RBLOCK``
+    tiles, for a kernel whose inner loops all turned out to run sequentially."""
+    if kernel.tiling == "fill":
+        fills: dict[TNode, Fill] = {}
+        for f in kernel.fills:
+            fills.pop(f.tnode, None)
+            fills[f.tnode] = f  # a later fill of the same node wins
+        numel = max(cells(f.tnode) for f in fills.values())
+        return FillPlan(tuple(fills.values()), numel, tiling.flat_blocks(numel, None))
+    if kernel.tiling == "dot":
+        c = kernel.contraction
+        extent = dict(zip(kernel.parts[0].grid, kernel.extents))
+        rows, cols = tuple(extent[s] for s in c.rows), tuple(extent[s] for s in c.cols)
+        batch, k = tuple(extent[s] for s in c.batch), tuple(e for _, e in c.k)
+        a16, b16 = sixteen_bit_load(c.a), sixteen_bit_load(c.b)
+        sixteen = a16 if a16 is not None and a16 is b16 else None
+        blocks = tiling.dot_blocks(math.prod(rows), math.prod(cols), math.prod(k), sixteen is not None)
+        return DotPlan(rows, cols, batch, k, sixteen, blocks)
+    numel = math.prod(kernel.extents)
+    inner = max((math.prod(e) for p in kernel.parts for e in _inner_chains(p.body)), default=None)
+    return FlatPlan(numel, bool(kernel.extents), tiling.flat_blocks(numel, inner if inner_tiles else None))
+
+
+def cells(node: TNode) -> int:
+    return math.prod(node.dims)
+
+
+def sixteen_bit_load(e: Expr) -> DType | None:
+    """The storage type of an operand that is a plain float16/bfloat16 load."""
+    if isinstance(e, Load) and e.oob_value in (None, 0, 0.0) and e.tnode.dtype in (dtypes.float16, dtypes.bfloat16):
+        return e.tnode.dtype
+    return None
+
+
+def _inner_chains(body: Stmt) -> Iterator[tuple[int, ...]]:
+    """The extents of every loop chain inside a statement's body (for sizing ``RBLOCK``)."""
+    for s in iter_stmts(body):
+        if isinstance(s, For):
+            chain, _ = loop_chain(s)
+            yield tuple(loop.extent for loop in chain)

@@ -1,0 +1,1293 @@
+"""Writing one ``@triton.jit`` kernel from its partition (:class:`~ocannl.backends.partition.Kernel`)
+and its plan (plan.py): a base writer for statements, loads, stores and registers, and one small
+writer per tiling (fills, flat tiles, ``tl.dot`` tiles). Operators are rendered by tile_expr.py.
+
+**Tiles.** A *flat* kernel flattens its grid axes into one index ``xindex`` (``XBLOCK`` points a
+program, masked by ``xmask`` at the ragged end) and recovers each axis by ``//`` and ``%``
+(``x0``, ``x1``, ...). What remains of each statement after its grid loops is emitted by
+:meth:`KernelWriter.stmt`:
+
+* a chain of inner loops over which the body is pointwise (every store indexes each of them) is
+  a *stage*: its points are flattened into ``rindex`` (``RBLOCK`` a chunk, looped over unless
+  one chunk holds them all) and computed as ``[XBLOCK, RBLOCK]`` tiles;
+* a chain of loops accumulating one cell (``c[I] := c[I] + v``, ``max``, ``min``, or a local)
+  is a reduction stage: ``tl.sum``/``tl.max``/``tl.min`` over the ``rindex`` tile, added to the
+  cell's value. Half-precision accumulators round on every store (shared/DESIGN.md §3), so they
+  take the sequential path below instead;
+* any other loop runs sequentially inside the program (``for s0 in range(n)``).
+
+A *dot* kernel tiles a contraction's rows and columns (``rm``, ``rn``), loops over the reduction
+in ``BLOCK_K`` steps with ``tl.dot`` (``input_precision="ieee"`` for float32 unless the
+``triton_fp32_dot`` setting says ``tf32``/``tf32x3``), and runs the kernel's other statements
+(its epilogue) on the ``[BLOCK_M, BLOCK_N]`` accumulator tile.
+
+**Values stay in registers.** Within a program, a value stored or loaded is remembered by node
+and (canonical) index: a later read of the same cell in the same kernel uses the register, so a
+matmul's epilogue and a softmax's stages never reload what the kernel computed. A read from
+memory of a node an earlier statement of the kernel wrote (through another pattern, by the same
+program: the partition rules guarantee no other program wrote it) is preceded by
+``tl.debug_barrier()``, which makes the program's earlier stores visible to all its threads.
+
+**Bounds.** Every access is proven in bounds from the loop extents and index symbol sizes, or
+masked: lanes past a ragged edge by the tile masks, padded reads (``Load.oob_value``) and
+skipping stores (``Store.skip_oob``) by per-axis tests. Any other access the bounds do not prove,
+a data-dependent position (``oc.take``) or an index through a symbol without a size, is an error:
+outside its axis, it sets the routine's error flag, which the runtime turns into
+:class:`~ocannl.errors.OutOfBoundsError`, and is masked (reads give 0, stores are skipped), or,
+for an index the same in every lane, clamped to 0 as the C backend does.
+Scatter-adds use ``tl.atomic_add`` (rows may repeat).
+
+**Arithmetic** follows the scalar catalog (ocannl/lowlevel/scalar_ops.py), each operator written
+by ``tile_expr.py``: float32 division and
+square roots are the correctly rounded ``tl.div_rn``/``tl.sqrt_rn``; the launcher passes
+``enable_fp_fusion=False`` so that no multiply-add is contracted (unless the ``fast_math``
+setting is on); transcendental functions are Triton's (a few ulps from libm); float16 and
+bfloat16 values load as float32 and round to nearest even on every store; uint4x32 values are
+four uint32 lanes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ocannl.lowlevel import dtypes
+from ocannl.lowlevel.analysis import accesses, index_range, loop_chain, range_within, row_major_strides
+from ocannl.lowlevel.dtypes import DType
+from ocannl.lowlevel.indexing import (
+    Affine, AnySymbol, AxisIndex, Fixed, IndexSymbol, Iter, Symbol, index_bounds, index_symbols,
+)
+from ocannl.lowlevel.ir import (
+    Binary, Cast, Comment, Const, DeclareLocal, EmbedIndex, Expr, Fill, For, GetLocal, Load, LoadDynamic, Local,
+    LocalScope, Namer, Seq, SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary, format_stmt, iter_exprs,
+    iter_stmts, stmt_exprs,
+)
+from ocannl.lowlevel.identifiers import Namespace, comment_text
+from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
+from ocannl.lowlevel.schedule import update_of
+from ocannl.lowlevel.tnode import TNode
+
+from ocannl.backends.triton import tiling
+from ocannl.backends.triton.plan import DotPlan, FillPlan, FlatPlan, Plan, cells
+from ocannl.backends.triton.tile_expr import (
+    NAME_PATTERN, TileArithmetic, Val, from_storage, literal_code, paren, stored_literal, stored_value,
+)
+from ocannl.backends.partition import (
+    Contraction,
+    Kernel,
+    Part,
+    _scatter_add_value,
+    scatter_add_nodes,
+    signature_ok,
+)
+
+# ---------------------------------------------------------------------------------------------
+# Options
+
+
+@dataclass(frozen=True)
+class Options:
+    fp32_dot: str = "ieee"
+    """``input_precision`` of float32 ``tl.dot``: ``ieee`` (exact products, the default),
+    ``tf32`` or ``tf32x3`` (the ``triton_fp32_dot`` setting)."""
+    fp_fusion: bool = False
+    """Let Triton contract multiply-adds (the ``fast_math`` setting)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# What the runtime needs to know about a generated module
+
+
+@dataclass(frozen=True)
+class Param:
+    """A kernel argument: a node's buffer, an index symbol's value, or the error flag."""
+
+    name: str
+    node: TNode | None = None
+    symbol: IndexSymbol | None = None
+
+    @property
+    def signature(self) -> str:
+        """Triton's type string for this argument (``*fp32``, ``i32``...)."""
+        if self.node is not None:
+            return "*" + _POINTER_TYPES[self.node.dtype.name]
+        return "i32" if self.symbol is not None else "*i32"
+
+
+_POINTER_TYPES = {"float32": "fp32", "float64": "fp64", "float16": "fp16", "bfloat16": "u16", "int32": "i32",
+                  "int64": "i64", "uint32": "u32", "uint4x32": "u32"}
+
+
+@dataclass
+class KernelSource:
+    name: str
+    params: list[Param]
+    constexprs: dict[str, int]
+    grid: int
+    num_warps: int
+    num_stages: int | None
+    text: str
+    tiling: str
+    uses_dot: bool = False
+    uses_atomics: bool = False
+
+
+# ---------------------------------------------------------------------------------------------
+# Values and regions
+
+
+@dataclass
+class Region:
+    """Where statements are being emitted: the code and tile axes of each loop symbol, the
+    bounds each symbol is known to lie in (lanes masked off aside), the canonical name of each
+    symbol for the register cache, the lane mask of each tile axis, the tile axes of this
+    region and the code of its full shape."""
+
+    symbols: dict[AnySymbol, tuple[str, frozenset[str]]]
+    bounds: dict[AnySymbol, tuple[int, int]]
+    canon: dict[AnySymbol, Any]
+    masks: dict[str, str]
+    axes: frozenset[str]
+    shape: str
+
+    def child(self, **changes: Any) -> Region:
+        r = replace(self, symbols=dict(self.symbols), bounds=dict(self.bounds), canon=dict(self.canon),
+                    masks=dict(self.masks))
+        for k, v in changes.items():
+            setattr(r, k, v)
+        return r
+
+
+def decompose(index: str, extents: tuple[int, ...]) -> list[str]:
+    """The code of each axis of a row-major flattened ``index`` over ``extents``. An extent of 0
+    (a size-0 axis: no point at all, every lane masked) counts as 1, so that no code divides
+    by zero."""
+    extents = tuple(max(e, 1) for e in extents)
+    out = []
+    for t, e in enumerate(extents):
+        stride = math.prod(extents[t + 1:])
+        code = index if stride == 1 else f"{index} // {stride}"
+        if t > 0:
+            code = f"{code} % {e}" if stride != 1 else f"{index} % {e}"
+        out.append(code)
+    return out
+
+
+class Names:
+    """Identifiers of one kernel: parameters first, then generated names that avoid them."""
+
+    def __init__(self, taken: set[str]):
+        self.taken = set(taken)
+        self._counters: dict[str, int] = {}
+
+    def numbered(self, prefix: str) -> str:
+        k = self._counters.get(prefix, 0)
+        while f"{prefix}{k}" in self.taken:
+            k += 1
+        self._counters[prefix] = k + 1
+        name = f"{prefix}{k}"
+        self.taken.add(name)
+        return name
+
+    def word(self, word: str) -> str:
+        name, k = word, 1
+        while name in self.taken:
+            name, k = f"{word}_{k}", k + 1
+        self.taken.add(name)
+        return name
+
+
+# ---------------------------------------------------------------------------------------------
+# One kernel
+
+
+class KernelWriter:
+    """Emits one kernel (module docstring)."""
+
+    def __init__(self, name: str, kernel: Kernel, plan: Plan, options: Options):
+        self.kernel = kernel
+        self.plan = plan
+        self.used_stages = False
+        self.options = options
+        self.helpers: set[str] = set()
+        self.arithmetic = TileArithmetic(self.temp, self.helpers)
+        self.lines: list[str] = []
+        self.depth = 1
+        self.constexprs: dict[str, int] = {}
+        self.cache: list[dict[Any, Val]] = [{}]
+        self.written: set[TNode] = set()
+        """Nodes the kernel's earlier statements stored to memory."""
+        self.reads_written = False
+        self.stage_vars: dict[Any, Any] = {}
+        self.locals: dict[Local, Val] = {}
+        self.uses_dot = False
+        self.uses_atomics = False
+        self.checks_positions = False
+        self.rblock: int | None = plan.rblock if isinstance(plan, FlatPlan) else None
+        self.two_d = self.rblock is not None
+        """Whether tiles are ``[XBLOCK, RBLOCK]`` (a flat kernel with inner tiles)."""
+        self.top = 0
+        self.scatter: frozenset[TNode] = frozenset()
+        self.persistent_rindex: str | None = None
+        self.dot_site: For | None = kernel.contraction.site if isinstance(plan, DotPlan) else None
+        self._params(name)
+
+    # -- parameters and names --------------------------------------------------------------
+
+    def _params(self, name: str) -> None:
+        nodes: dict[TNode, None] = {}
+        symbols: dict[IndexSymbol, None] = {}
+        dynamic = False
+        for part in self.kernel.parts:
+            for s in iter_stmts(part.stmt):
+                if isinstance(s, (Store, StoreDynamic, Fill)):
+                    nodes.setdefault(s.tnode, None)
+                dynamic |= isinstance(s, StoreDynamic)
+                for e in stmt_exprs(s):
+                    for x in iter_exprs(e):
+                        if isinstance(x, (Load, LoadDynamic)):
+                            nodes.setdefault(x.tnode, None)
+                            dynamic |= isinstance(x, LoadDynamic)
+                        idx = ()
+                        if isinstance(x, (Load, LoadDynamic)):
+                            idx = x.indices
+                        elif isinstance(x, EmbedIndex):
+                            idx = (x.index,)
+                        for i in idx:
+                            for sym in index_symbols(i):
+                                if isinstance(sym, IndexSymbol):
+                                    symbols.setdefault(sym, None)
+                                    # An access through it may be checked (``offset``).
+                                    dynamic |= sym.size is None and not isinstance(x, EmbedIndex)
+                if isinstance(s, (Store, StoreDynamic)):
+                    for i in s.indices:
+                        for sym in index_symbols(i):
+                            if isinstance(sym, IndexSymbol):
+                                symbols.setdefault(sym, None)
+                                dynamic |= sym.size is None
+        written = {s.tnode for p in self.kernel.parts for s in iter_stmts(p.stmt) if isinstance(s, (Store, StoreDynamic, Fill))}
+        first = next(iter(sorted(written, key=lambda n: list(nodes).index(n))), None)
+        self.name = name + (f"_{first.name}" if first is not None else "")
+        # The module's own names (tl, the tlib helpers, XBLOCK, error...) are reserved, so no
+        # node or symbol takes them; the scope separates nodes of one name (two sessions) and
+        # symbols whose names sanitize alike, or like a node's.
+        scope = Namespace()
+        self.params: list[Param] = []
+        self.node_names: dict[TNode, str] = {}
+        for node in nodes:
+            pname = scope.claim(node.name, f"n{node.id}")
+            self.node_names[node] = pname
+            self.params.append(Param(pname, node=node))
+        self.symbol_names: dict[IndexSymbol, str] = {}
+        for sym in symbols:
+            pname = scope.claim(sym.identifier, "sym")
+            self.symbol_names[sym] = pname
+            self.params.append(Param(pname, symbol=sym))
+        if dynamic:
+            self.params.append(Param("error"))
+        self.names = Names({*scope.taken, "error"})
+
+    # -- output ----------------------------------------------------------------------------
+
+    def line(self, text: str) -> None:
+        self.lines.append("    " * self.depth + text)
+
+    def temp(self, code: str, prefix: str = "t") -> str:
+        name = self.names.numbered(prefix)
+        self.line(f"{name} = {code}")
+        return name
+
+    def emit(self) -> KernelSource:
+        k, plan = self.kernel, self.plan
+        body_start = len(self.lines)
+        self.tiles()
+        body = self.lines[body_start:]
+        sig = ", ".join([p.name for p in self.params] + [f"{c}: tl.constexpr" for c in self.constexprs])
+        header = []
+        dns = [self.symbol_names[p.symbol] for p in self.params if p.symbol is not None]
+        deco = f"@triton.jit(do_not_specialize={dns!r})" if dns else "@triton.jit"
+        header.append(deco)
+        header.append(f"def {self.name}({sig}):")
+        doc = self.docstring()
+        header.append(f'    """{doc[0]}')
+        header += [f"    {d}" if d else "" for d in doc[1:]]
+        header.append('    """')
+        text = "\n".join(header + body) + "\n"
+        return KernelSource(self.name, self.params, dict(self.constexprs), plan.grid, plan.num_warps, plan.num_stages,
+                            text, k.tiling, self.uses_dot, self.uses_atomics)
+
+    def docstring(self) -> list[str]:
+        k = self.kernel
+        out = []
+        if k.tiling == "fill":
+            out.append(f"Fills {', '.join(f.tnode.name for f in k.fills)}.")
+        else:
+            dims = "grid " + " x ".join(map(str, k.extents)) if k.extents else "one program"
+            what = f"{'Tiled tl.dot' if k.tiling == 'dot' else 'Flat'} kernel over {dims}"
+            out.append(what + (": " + "; ".join(k.comments) if k.comments else "."))
+        out.append("")
+        namer = Namer()
+        for p in k.parts:
+            text = format_stmt(p.stmt, namer)
+            grid = ", ".join(namer.symbol(s) for s in p.grid)
+            out.append(f"{'grid ' + grid + ': ' if grid else ''}{_shorten(text)}")
+        return [comment_text(line) for line in out]
+
+    # -- the kernel's tiles: one writer class per tiling --------------------------------------
+
+    def tiles(self) -> None:
+        """The program's tile indices and masks, then every statement of the kernel."""
+        raise TypeError(f"{type(self).__name__} writes no tiling")  # the base is never instantiated
+
+    def kernel_axis_tiles(self, t: int) -> set[str]:
+        """The tile axes grid axis ``t`` of the kernel varies along."""
+        return {"x"}
+
+    def fill(self, f: Fill, index: str, block: str) -> None:
+        node, n = f.tnode, cells(f.tnode)
+        ptr = self.node_names[node]
+        mask = f"{index} < {n}"
+        if node.dtype is dtypes.uint4x32:
+            for lane, v in enumerate(f.value.value):
+                self.line(f"tl.store({ptr} + {index} * 4 + {lane}, {v}, mask={mask})")
+        else:
+            value = literal_code(stored_value(f.value.value, node.dtype), node.dtype)
+            self.line(f"tl.store({ptr} + {index}, {value}, mask={mask})")
+        self.invalidate(node)
+        self.written.add(node)
+
+    def part(self, part: Part, region: Region) -> None:
+        """Emit one statement of the kernel, its grid loops bound to the kernel's axes."""
+        r = region.child()
+        for t, sym in enumerate(part.grid):
+            r.symbols[sym] = (self.axis_codes[t], frozenset(self.kernel_axis_tiles(t)))
+            r.bounds[sym] = (0, self.kernel.extents[t] - 1)
+            r.canon[sym] = ("grid", t)
+        start, top = len(self.lines), self.top
+        self.reads_written = False
+        self.scatter = part.scatter
+        self.stmt(part.body, r)
+        if self.reads_written:
+            barrier = "tl.debug_barrier()  # makes this program's earlier stores visible to its threads"
+            self.lines.insert(start + self.top - top, "    " * self.depth + barrier)
+        self.written |= {a.node for a in accesses(part.stmt) if a.write}
+
+    # -- statements ----------------------------------------------------------------------------
+
+    def stmt(self, s: Stmt, region: Region) -> None:
+        match s:
+            case Seq(stmts=stmts):
+                for k, x in enumerate(stmts):
+                    following = stmts[k + 1] if k + 1 < len(stmts) else None
+                    if isinstance(x, DeclareLocal) and following is not None and _sets_first(following, x.local):
+                        continue  # declared by the assignment that follows
+                    if isinstance(x, Store) and isinstance(following, For) and self.resets(x, following):
+                        # The reduction that follows starts from this value in a register and
+                        # stores the result: the reset itself never goes to memory.
+                        key = (x.tnode, self.canon_indices(x.indices, region), None)
+                        self.remember(key, self.expr(x.value, region))
+                        continue
+                    self.stmt(x, region)
+            case Comment(text=text):
+                self.line(f"# {comment_text(text)}")
+            case DeclareLocal(local=local):
+                self.declare(local, region)
+            case SetLocal(local=local, value=value):
+                self.set_local(local, self.expr(value, region), region)
+            case Store(tnode=node, indices=indices, value=value, skip_oob=skip):
+                self.store_value(node, indices, self.expr(value, region), region, skip)
+            case StoreDynamic():
+                self.store_dynamic(s, region)
+            case Fill():
+                self.fill_in_program(s)
+            case For():
+                self.loop(s, region)
+            case _:
+                raise TypeError(f"the Triton emitter does not know the statement {s!r}")
+
+    def declare(self, local: Local, region: Region, zero: bool = True) -> None:
+        """A variable of the region's full shape for ``local`` (zero, unless its first
+        assignment follows)."""
+        if local.dtype is dtypes.uint4x32:
+            lanes = tuple(self.names.numbered("v") for _ in range(4))
+            for name in lanes if zero else ():
+                self.line(f"{name} = tl.zeros({region.shape}, tl.uint32)")
+            self.locals[local] = Val("", region.axes, local.dtype, lanes=lanes)
+        else:
+            name = self.names.numbered("v")
+            if zero:
+                self.line(f"{name} = tl.zeros({region.shape}, {local.dtype.triton_name})")
+            self.locals[local] = Val(name, region.axes, local.dtype)
+
+    def set_local(self, local: Local, value: Val, region: Region) -> None:
+        if local not in self.locals:
+            self.declare(local, region, zero=False)
+        target = self.locals[local]
+        if target.lanes is not None:
+            for name, lane in zip(target.lanes, value.lanes):
+                self.line(f"{name} = {self.broadcast(Val(lane, value.axes, dtypes.uint32), region.child(axes=target.axes, shape=self.shape_of(target.axes, region)))}")
+        else:
+            shape_region = region.child(axes=target.axes, shape=self.shape_of(target.axes, region))
+            self.line(f"{target.code} = {self.broadcast(value, shape_region)}")
+
+    def shape_of(self, axes: frozenset[str], region: Region) -> str:
+        if axes == region.axes:
+            return region.shape
+        return self.shape_for_axes(axes)
+
+    def shape_for_axes(self, axes: frozenset[str]) -> str:
+        if not axes:
+            return "[]"
+        if axes == {"m", "n"}:
+            return "[BLOCK_M, BLOCK_N]"
+        if axes == {"x"}:
+            return "[XBLOCK, 1]" if self.two_d else "[XBLOCK]"
+        if axes == {"x", "r"}:
+            return "[XBLOCK, RBLOCK]"
+        if axes == {"r"}:
+            return "[1, RBLOCK]" if self.kernel.extents else "[RBLOCK]"
+        raise AssertionError(axes)
+
+    def broadcast(self, v: Val, region: Region) -> str:
+        """``v`` as a tensor of the region's full shape and ``v``'s type."""
+        if v.literal:
+            return f"tl.full({region.shape}, {v.code}, {v.dtype.triton_name})"
+        if v.axes == region.axes:
+            return v.code
+        return f"tl.broadcast_to({v.code}, {region.shape})"
+
+    # -- loops -----------------------------------------------------------------------------
+
+    def loop(self, s: For, region: Region) -> None:
+        if self.dot_site is not None and s == self.dot_site:
+            self.dot_loop(s, region)
+            return
+        chain, body = loop_chain(s)
+        found = self.accumulation(chain, body)
+        if found is not None:
+            op, target, value = found
+            total = math.prod(tuple(loop.extent for loop in chain))
+            tiled = (self.kernel.tiling == "flat" and "r" not in region.axes and self.rblock is not None
+                     and op in (Binop.ADD, Binop.MAX, Binop.MIN) and _accumulator_type(target) in _EXACT_ACCUMULATORS
+                     and (op is not Binop.ADD or total >= SHORT_SUM))
+            if tiled:
+                self.reduction_stage(chain, op, target, value, region)
+            else:
+                self.sequential_reduction(chain, op, target, value, region)
+            return
+        if self.kernel.tiling == "flat" and "r" not in region.axes and self.rblock is not None:
+            if self.pointwise_stage(s, chain, body, region):
+                return
+        self.serial(s, region)
+
+    def resets(self, store: Store, loop: For) -> bool:
+        """Whether ``loop`` accumulates into the cell ``store`` writes, from a register."""
+        if store.skip_oob or not store.tnode.dtype.is_compute_type or store.tnode.dtype is dtypes.uint4x32:
+            return False
+        if self.dot_site is not None and loop == self.dot_site:
+            target = self.kernel.contraction.accumulator
+        else:
+            found = self.accumulation(*loop_chain(loop))
+            if found is None:
+                return False
+            target = found[1]
+        return isinstance(target, Store) and (target.tnode, target.indices) == (store.tnode, store.indices)
+
+    def accumulation(self, chain: list[For], body: Stmt) -> tuple[Binop, Store | SetLocal, Expr] | None:
+        """``(op, statement, v)`` when the loops of ``chain`` accumulate ``v`` into one cell or
+        local with ``op`` (the cell's indices and ``v``'s reads independent of the loop order)."""
+        found = _accumulation(body)
+        if found is None:
+            return None
+        op, target, value = found
+        syms = {loop.symbol for loop in chain}
+        if isinstance(target, Store):
+            if target.skip_oob or any(s in syms for i in target.indices for s in index_symbols(i)):
+                return None
+        elif target.local not in self.locals or target.local.dtype is dtypes.uint4x32:
+            return None
+        if any(isinstance(x, (Store, StoreDynamic, Fill)) for x in iter_stmts(SetLocal(Local(value.dtype), value))):
+            return None
+        return found
+
+    def accumulator(self, target: Store | SetLocal, region: Region) -> str:
+        """A variable holding the accumulated cell or local, of the region's full shape."""
+        if isinstance(target, Store):
+            acc = self.names.word("acc")
+            self.line(f"{acc} = {self.broadcast(self.load(Load(target.tnode, target.indices), region), region)}")
+            return acc
+        return self.locals[target.local].code
+
+    def finish_accumulation(self, target: Store | SetLocal, acc: str, region: Region) -> None:
+        if isinstance(target, Store):
+            self.store_value(target.tnode, target.indices, Val(acc, region.axes, target.tnode.dtype.compute),
+                             region, False)
+
+    def sequential_reduction(self, chain: list[For], op: Binop, target: Store | SetLocal, value: Expr,
+                             region: Region) -> None:
+        """The loops run in order inside the program, the accumulator in registers: the
+        interpreter's order and roundings (a half-precision cell rounds at every step, as its
+        store would)."""
+        acc = self.accumulator(target, region)
+        inner = region.child()
+        opened = []
+        for loop in chain:
+            name = self.names.numbered("s")
+            self.line(f"for {name} in range({loop.extent}):")
+            self.depth += 1
+            self.push()
+            opened.append(name)
+            inner.symbols[loop.symbol] = (name, frozenset())
+            inner.bounds[loop.symbol] = (0, loop.extent - 1)
+            inner.canon[loop.symbol] = ("serial", loop.symbol)
+        v = self.expr(value, inner)
+        dtype = _accumulator_type(target)
+        a = Val(acc, region.axes, dtype.compute)
+        old_first = isinstance(target, Store) and target.value.a == Load(target.tnode, target.indices) or (
+            isinstance(target, SetLocal) and target.value.a == GetLocal(target.local))
+        x, y = (a, v) if old_first else (v, a)
+        code = self.arithmetic.binary(op, x, y, dtype.compute)
+        if dtype is dtypes.float16:
+            code = f"{paren(code)}.to(tl.float16).to(tl.float32)"
+        elif dtype is dtypes.bfloat16:  # not .to(tl.bfloat16): the interpreter's conversion truncates
+            self.helpers.add("bfloat16_round")
+            code = f"bfloat16_round({code})"
+        self.line(f"{acc} = {code}")
+        for _ in opened:
+            self.pop()
+            self.depth -= 1
+        self.finish_accumulation(target, acc, region)
+
+    def serial(self, s: For, region: Region) -> None:
+        name = self.names.numbered("s")
+        written = {a.node for a in accesses(s) if a.write} | {f.tnode for f in iter_stmts(s) if isinstance(f, Fill)}
+        for node in written:
+            self.invalidate(node)
+        self.line(f"for {name} in range({s.extent}):")
+        self.depth += 1
+        self.push()
+        inner = region.child()
+        inner.symbols[s.symbol] = (name, frozenset())
+        inner.bounds[s.symbol] = (0, s.extent - 1)
+        inner.canon[s.symbol] = ("serial", s.symbol)
+        self.stmt(s.body, inner)
+        self.pop()
+        self.depth -= 1
+        for node in written:
+            self.invalidate(node)
+
+    def stage_index(self, extents: tuple[int, ...], region: Region) -> tuple[Region, bool, list[str]]:
+        """Enter an inner tile over ``extents``: returns its region and whether a loop over
+        chunks was opened (the caller closes it with :meth:`end_stage`)."""
+        total = math.prod(extents)
+        persistent = total <= self.rblock
+        self.used_stages = True
+        expand = "[None, :]" if self.kernel.extents else ""
+        key = ("stage", extents)
+        if persistent:
+            if self.persistent_rindex is None:
+                self.persistent_rindex = self.names.word("rindex")
+                self.line_at_top(f"{self.persistent_rindex} = tl.arange(0, RBLOCK){expand}")
+            rindex = self.persistent_rindex
+            if key in self.stage_vars:
+                mask, codes = self.stage_vars[key]
+            else:
+                mask = None
+                if total != self.rblock:
+                    mask = self.names.numbered("rmask")
+                    self.line_at_top(f"{mask} = {rindex} < {total}")
+                codes = []
+                for d in decompose(rindex, extents):
+                    if len(extents) == 1:
+                        codes.append(d)
+                    else:
+                        n = self.names.numbered("r")
+                        self.line_at_top(f"{n} = {d}")
+                        codes.append(n)
+                self.stage_vars[key] = (mask, codes)
+        else:
+            roffset = self.names.numbered("roffset")
+            self.line(f"for {roffset} in range(0, {total}, RBLOCK):")
+            self.depth += 1
+            self.push()
+            rindex = self.temp(f"{roffset} + tl.arange(0, RBLOCK){expand}", "rindex")
+            mask = self.temp(f"{rindex} < {total}", "rmask") if total % self.rblock else None
+            codes = [d if len(extents) == 1 else self.temp(d, "r") for d in decompose(rindex, extents)]
+        axes = region.axes | {"r"}
+        inner = region.child(axes=axes, shape=self.shape_for_axes(axes))
+        if mask is not None:
+            inner.masks["r"] = mask
+        return inner, not persistent, codes
+
+    def line_at_top(self, text: str) -> None:
+        """Tile indices shared by persistent stages are defined once, before any statement."""
+        self.lines.insert(self.top, "    " + text)
+        self.top += 1
+
+    def end_stage(self, looped: bool) -> None:
+        if looped:
+            self.pop()
+            self.depth -= 1
+
+    def pointwise_stage(self, s: For, chain: list[For], body: Stmt, region: Region) -> bool:
+        if _has_loop(body) or _sets_undeclared_local(body):
+            return False  # a nested loop nest, or a reduction into an enclosing local
+        syms = tuple(loop.symbol for loop in chain)
+        scatter = scatter_add_nodes(s)
+        if not any(a.write for a in accesses(s)):
+            return False
+        if not signature_ok([(s, syms, scatter)], len(syms)):
+            return False
+        extents = tuple(loop.extent for loop in chain)
+        inner, looped, codes = self.stage_index(extents, region)
+        for t, (loop, code) in enumerate(zip(chain, codes)):
+            inner.symbols[loop.symbol] = (code, frozenset({"r"}))
+            inner.bounds[loop.symbol] = (0, loop.extent - 1)
+            inner.canon[loop.symbol] = ("inner", extents, t) if not looped else ("chunk", loop.symbol)
+        self.stmt(body, inner)
+        self.end_stage(looped)
+        return True
+
+    def reduction_stage(self, chain: list[For], op: Binop, target: Store | SetLocal, value: Expr,
+                        region: Region) -> None:
+        """The loops' points as ``rindex`` tiles, reduced by ``tl.sum``/``tl.max``/``tl.min``
+        and combined with the accumulator (a sum's order differs from the loop's)."""
+        acc = self.accumulator(target, region)
+        extents = tuple(loop.extent for loop in chain)
+        compensated = op is Binop.ADD and value.dtype.is_float and math.prod(extents) > self.rblock
+        if compensated:  # the chunk sums are added with Kahan's compensation (see below)
+            carry = self.names.word("carry")
+            self.line(f"{carry} = tl.zeros_like({acc})")
+        inner, looped, codes = self.stage_index(extents, region)
+        for t, (loop, code) in enumerate(zip(chain, codes)):
+            inner.symbols[loop.symbol] = (code, frozenset({"r"}))
+            inner.bounds[loop.symbol] = (0, loop.extent - 1)
+            inner.canon[loop.symbol] = ("inner", extents, t) if not looped else ("chunk", loop.symbol)
+        v = self.expr(value, inner)
+        dtype = value.dtype
+        neutral = {Binop.ADD: 0, Binop.MAX: dtypes.lowest(dtype), Binop.MIN: dtypes.highest(dtype)}[op]
+        tile = self.arithmetic.tensor(v)
+        if "r" in inner.masks:  # lanes past the ragged end add nothing
+            tile = f"tl.where({inner.masks['r']}, {tile}, {literal_code(neutral, dtype)})"
+        elif "r" not in v.axes:
+            tile = f"tl.broadcast_to({tile}, {inner.shape})"
+        axis = "axis=1, keep_dims=True" if region.axes else "axis=0"
+        fn = {Binop.ADD: "tl.sum", Binop.MAX: "tl.max", Binop.MIN: "tl.min"}[op]
+        reduced = f"{fn}({tile}, {axis})"
+        if compensated:
+            # Each chunk is a tl.sum tree; adding the chunk sums one after the other would lose
+            # their low bits once the total is large (1.5e-5 relative on 2^20 equal float32
+            # terms). Kahan's compensation carries the rounding error of each addition into the
+            # next, so the sum stays as accurate as one tree; the carry is dropped once the total
+            # is not finite, where it would turn an infinity into a NaN.
+            y, total = self.names.numbered("y"), self.names.numbered("t")
+            self.line(f"{y} = {reduced} - {carry}")
+            self.line(f"{total} = {acc} + {y}")
+            self.line(f"{carry} = tl.where(tl.abs({total}) < float('inf'), ({total} - {acc}) - {y}, 0.0)")
+            self.line(f"{acc} = {total}")
+        elif op is Binop.ADD:
+            self.line(f"{acc} = {acc} + {reduced}")
+        else:
+            self.line(f"{acc} = {'tl.maximum' if op is Binop.MAX else 'tl.minimum'}({acc}, {reduced})")
+        self.end_stage(looped)
+        self.finish_accumulation(target, acc, region)
+
+    # -- stores ------------------------------------------------------------------------------
+
+    def store_value(self, node: TNode, indices: tuple[AxisIndex, ...], value: Val, region: Region,
+                    skip_oob: bool) -> None:
+        offset, axes, checks = self.offset(node, indices, region, checked=not skip_oob)
+        mask = self.mask(axes, checks, region)
+        ptr = self.node_names[node]
+        if node.dtype is dtypes.uint4x32:
+            for lane, code in enumerate(value.lanes):
+                self.line(_store(f"{ptr} + ({offset}) * 4 + {lane}", code, mask))
+        else:
+            if not value.literal:  # loads of this cell read the name (see the register cache)
+                value = replace(value, code=self.arithmetic.atom(value))
+            code = self.to_storage(value, node.dtype)
+            if value.axes - axes:
+                offset = f"{offset} + tl.zeros({self.shape_for_axes(value.axes | axes)}, tl.int32)"
+            self.line(_store(f"{ptr} + {offset}", code, mask))
+        self.invalidate(node)
+        if node.dtype.is_compute_type and not checks:
+            self.remember((node, self.canon_indices(indices, region), None), value)
+
+    def store_dynamic(self, s: StoreDynamic, region: Region) -> None:
+        node = s.tnode
+        pos = self.position(s.position, node.dims[s.axis], region)
+        offset, axes, checks = self.offset(node, s.indices, region, dynamic=(s.axis, pos), checked=True)
+        mask = self.mask(axes, checks, region)
+        ptr = self.node_names[node]
+        added = _scatter_add_value(s) if node in self.scatter else None
+        if added is not None:
+            v = self.expr(added, region)
+            code = self.to_storage(v, node.dtype)
+            if v.literal:
+                code = f"tl.full({self.shape_for_axes(axes)}, {v.code}, {node.dtype.triton_name})"
+            self.line(f"tl.atomic_add({ptr} + {offset}, {code}{', mask=' + mask if mask else ''})")
+            self.uses_atomics = True
+        else:
+            v = self.expr(s.value, region)
+            if node.dtype is dtypes.uint4x32:
+                for lane, code in enumerate(v.lanes):
+                    self.line(_store(f"{ptr} + ({offset}) * 4 + {lane}", code, mask))
+            else:
+                self.line(_store(f"{ptr} + {offset}", self.to_storage(v, node.dtype), mask))
+        self.invalidate(node)
+
+    def fill_in_program(self, f: Fill) -> None:
+        """A fill among the statements of a single-program kernel: a loop over chunks."""
+        n = cells(f.tnode)
+        chunk = min(1024, tiling.next_power_of_2(n))
+        name = self.names.numbered("f")
+        self.line(f"for {name} in range(0, {n}, {chunk}):")
+        self.depth += 1
+        index = self.temp(f"{name} + tl.arange(0, {chunk})", "findex")
+        self.fill(f, index, str(chunk))
+        self.depth -= 1
+
+    def to_storage(self, v: Val, dtype: DType) -> str:
+        if v.literal:
+            if dtype is dtypes.bfloat16:
+                return str(stored_value(v.value, dtype))
+            if dtype is dtypes.float16:
+                return literal_code(stored_value(v.value, dtype), dtype)
+            return v.code
+        if dtype is dtypes.float16:
+            return f"{self.arithmetic.atom(v)}.to(tl.float16)"
+        if dtype is dtypes.bfloat16:
+            self.helpers.add("bfloat16_bits")
+            return f"bfloat16_bits({v.code})"
+        return v.code
+
+    # -- indices, offsets, masks -----------------------------------------------------------
+
+    def index_code(self, idx: AxisIndex, region: Region) -> tuple[str, frozenset[str]]:
+        match idx:
+            case Fixed(index=i):
+                return str(i), frozenset()
+            case Iter(symbol=sym):
+                return self.symbol_code(sym, region)
+            case Affine(terms=terms, offset=off):
+                parts, axes = [], frozenset()
+                for c, sym in terms:
+                    code, ax = self.symbol_code(sym, region)
+                    axes |= ax
+                    parts.append(code if c == 1 else f"{c} * {paren(code)}")
+                text = " + ".join(parts)
+                if off:
+                    text += f" + {off}" if off > 0 else f" - {-off}"
+                return text.replace("+ -", "- "), axes
+        raise TypeError(f"not an axis index: {idx!r}")
+
+    def symbol_code(self, sym: AnySymbol, region: Region) -> tuple[str, frozenset[str]]:
+        if isinstance(sym, IndexSymbol):
+            return self.symbol_names[sym], frozenset()
+        return region.symbols[sym]
+
+    def offset(self, node: TNode, indices: tuple[AxisIndex, ...], region: Region,
+               dynamic: tuple[int, Val] | None = None, checked: bool = False) -> tuple[str, frozenset[str], list[str]]:
+        """The row-major offset of an access (one coefficient per symbol, outer axes first), the
+        tile axes it varies along, and the bounds tests it needs (those not proven). ``checked``:
+        the access is an error outside the buffer (not a padded read nor a skipping store), so an
+        index through a symbol without a size also sets the error flag past the axis; one the same
+        in every lane is clamped instead of masked."""
+        full: list[Any] = list(indices)
+        if dynamic is not None:
+            full.insert(dynamic[0], dynamic[1])
+        strides = row_major_strides(node.dims)
+        coefficients: dict[str, int] = {}
+        constant = 0
+        axes: frozenset[str] = frozenset()
+        checks: list[str] = []
+        for idx, dim, stride in zip(full, node.dims, strides):
+            if isinstance(idx, Val):  # ``position`` has set the error flag for it
+                code, ax = idx.code, idx.axes
+                if not ax:  # the same in every lane: clamped (see ``checked_scalar_index``)
+                    code = self.temp(f"tl.where(({code} >= 0) & ({code} < {dim}), {code}, 0)", "pos")
+                else:
+                    checks.append(f"({code} >= 0) & ({code} < {dim})")
+                coefficients[code] = coefficients.get(code, 0) + stride
+            elif isinstance(idx, Fixed):
+                constant += idx.index * stride
+                continue
+            else:
+                code, ax = self.index_code(idx, region)
+                if not self.provable(idx, dim, region):
+                    # Through a symbol without a size: the binding may pass the axis (an error).
+                    unsized = checked and any(isinstance(x, IndexSymbol) and x.size is None for x in index_symbols(idx))
+                    if unsized and not ax:
+                        clamped = self.checked_scalar_index(code, dim)
+                        coefficients[clamped] = coefficients.get(clamped, 0) + stride
+                        continue
+                    c = paren(code)
+                    low = self.lower_bound(idx, region)
+                    tests = ([f"({c} >= 0)"] if low is None or low < 0 else []) + [f"({c} < {dim})"]
+                    checks.append(" & ".join(tests))
+                    if unsized:
+                        self.flag_outside(c, dim, ax, region)
+                terms = ((1, idx.symbol),) if isinstance(idx, Iter) else idx.terms
+                for c, sym in terms:
+                    scode, _ = self.symbol_code(sym, region)
+                    coefficients[scode] = coefficients.get(scode, 0) + c * stride
+                if isinstance(idx, Affine):
+                    constant += idx.offset * stride
+            axes |= ax
+        # A node with a size-0 axis has only zero strides, yet its accesses keep the shape of
+        # their tile (a pointer as wide as its mask): ``x0 * 0`` terms stay.
+        empty = 0 in node.dims
+        parts = [_scaled(code, c) for code, c in coefficients.items() if c or empty]
+        text = " + ".join(parts)
+        if constant or not text:
+            text = f"{text} + {constant}" if text else str(constant)
+        return text.replace("+ -", "- "), axes, checks
+
+    def checked_scalar_index(self, code: str, dim: int) -> str:
+        """An index the same in every lane (static symbols, scalar loops) the bounds do not
+        prove: outside ``[0, dim)`` it sets the error flag and reads or writes row 0, like the C
+        backend's checked index. A scalar mask would do, but Triton's interpreter cannot combine
+        one with a lane mask."""
+        name = self.temp(code, "idx")
+        self.checks_positions = True
+        self.line(f"tl.store(error, 1, mask=({name} < 0) | ({name} >= {dim}))")
+        return self.temp(f"tl.where(({name} >= 0) & ({name} < {dim}), {name}, 0)", "idx")
+
+    def flag_outside(self, code: str, dim: int, axes: frozenset[str], region: Region) -> None:
+        """Set the error flag where lanes of an unproven index fall outside ``[0, dim)``."""
+        self.checks_positions = True
+        outside = f"({code} < 0) | ({code} >= {dim})"
+        lanes = [region.masks[a] for a in sorted(axes) if a in region.masks]
+        mask = " & ".join(lanes + [f"({outside})"])
+        self.line(f"tl.store(error + {code} * 0, 1, mask={mask})")
+
+    def provable(self, idx: AxisIndex, dim: int, region: Region) -> bool:
+        return range_within(index_range(idx, region.bounds), dim)
+
+    def lower_bound(self, idx: AxisIndex, region: Region) -> int | None:
+        def bounds(s: AnySymbol) -> tuple[int, int] | None:
+            if isinstance(s, IndexSymbol):
+                return (0, s.size - 1) if s.size is not None else (0, 2**31 - 1)
+            return region.bounds.get(s)
+
+        b = index_bounds(idx, bounds)
+        return None if b is None else b[0]
+
+    def mask(self, axes: frozenset[str], checks: list[str], region: Region) -> str | None:
+        parts = [region.masks[a] for a in sorted(axes) if a in region.masks] + checks
+        return " & ".join(parts) if parts else None
+
+    def canon_indices(self, indices: tuple[AxisIndex, ...], region: Region) -> tuple:
+        def canon(s: AnySymbol) -> Any:
+            return s if isinstance(s, IndexSymbol) else region.canon.get(s, s)
+
+        out = []
+        for idx in indices:
+            match idx:
+                case Fixed(index=i):
+                    out.append(("fixed", i))
+                case Iter(symbol=s):
+                    out.append(("iter", canon(s)))
+                case Affine(terms=terms, offset=off):
+                    out.append(("affine", tuple((c, canon(s)) for c, s in terms), off))
+        return tuple(out)
+
+    def position(self, e: Expr, dim: int, region: Region) -> Val:
+        """A data-dependent position, checked: out of range sets the error flag."""
+        v = self.expr(e, region)
+        name = self.temp(v.code, "pos")
+        self.checks_positions = True
+        outside = f"({name} < 0) | ({name} >= {dim})"
+        lanes = [region.masks[a] for a in sorted(v.axes) if a in region.masks]
+        mask = " & ".join(lanes + [f"({outside})"]) if lanes else outside
+        self.line(f"tl.store(error + {name} * 0, 1, mask={mask})")
+        return Val(name, v.axes, v.dtype)
+
+    # -- the register cache ------------------------------------------------------------------
+
+    def push(self) -> None:
+        self.cache.append({})
+
+    def pop(self) -> None:
+        self.cache.pop()
+
+    def lookup(self, key: Any) -> Val | None:
+        for scope in reversed(self.cache):
+            if key in scope:
+                return scope[key]
+        return None
+
+    def remember(self, key: Any, v: Val) -> None:
+        self.cache[-1][key] = v
+
+    def invalidate(self, node: TNode) -> None:
+        for scope in self.cache:
+            for key in [k for k in scope if k[0] is node]:
+                del scope[key]
+
+    # -- expressions ---------------------------------------------------------------------------
+
+    def load(self, e: Load, region: Region) -> Val:
+        key = (e.tnode, self.canon_indices(e.indices, region), e.oob_value)
+        hit = self.lookup(key)
+        if hit is not None:
+            return hit
+        if e.tnode in self.written:
+            self.reads_written = True
+        offset, axes, checks = self.offset(e.tnode, e.indices, region, checked=e.oob_value is None)
+        mask = self.mask(axes, checks, region)
+        ptr = self.node_names[e.tnode]
+        node = e.tnode
+        other = "" if mask is None else ", other=" + stored_literal(e.oob_value or 0, node.dtype)
+        if node.dtype is dtypes.uint4x32:
+            lanes = tuple(self.temp(f"tl.load({ptr} + ({offset}) * 4 + {lane}{', mask=' + mask if mask else ''})", "w")
+                          for lane in range(4))
+            v = Val("", axes, node.dtype, lanes=lanes)
+        else:
+            code = f"tl.load({_pointer(f'{ptr} + {offset}')}{', mask=' + mask if mask else ''}{other})"
+            code += from_storage(node.dtype)
+            v = Val(self.temp(code), axes, node.dtype.compute)
+        self.remember(key, v)
+        return v
+
+    def load_code(self, e: Load, region: Region, convert: bool = True) -> str:
+        offset, axes, checks = self.offset(e.tnode, e.indices, region, checked=e.oob_value is None)
+        mask = self.mask(axes, checks, region)
+        ptr = self.node_names[e.tnode]
+        if e.tnode in self.written:
+            self.reads_written = True
+        other = "" if mask is None else ", other=" + stored_literal(e.oob_value or 0, e.tnode.dtype)
+        code = f"tl.load({ptr} + {offset}{', mask=' + mask if mask else ''}{other})"
+        return code + (from_storage(e.tnode.dtype) if convert else "")
+
+    def expr(self, e: Expr, region: Region) -> Val:
+        match e:
+            case Const(value=tuple() as lanes):
+                return Val("", frozenset(), dtypes.uint4x32,
+                           lanes=tuple(f"tl.full([], {int(v)}, tl.uint32)" for v in lanes))
+            case Const(value=value, dtype=dtype):
+                return Val.constant(value, dtype)
+            case Load():
+                return self.load(e, region)
+            case LoadDynamic(tnode=node, axis=axis, position=p, indices=indices):
+                key = (node, ("dynamic", axis, p, self.canon_indices(indices, region)))
+                hit = self.lookup(key)
+                if hit is not None:
+                    return hit
+                pos = self.position(p, node.dims[axis], region)
+                offset, axes, checks = self.offset(node, indices, region, dynamic=(axis, pos), checked=True)
+                mask = self.mask(axes, checks, region)
+                if node in self.written:
+                    self.reads_written = True
+                guard = "" if mask is None else f", mask={mask}, other=0"  # no mask: the position is clamped
+                code = f"tl.load({self.node_names[node]} + {offset}{guard}){from_storage(node.dtype)}"
+                v = Val(self.temp(code), axes, node.dtype.compute)
+                self.remember(key, v)
+                return v
+            case Unary(op=Unop.UNIFORM1, x=x, to=to):
+                w = self.expr(x, region)
+                self.helpers.add(f"uniform1_{to.name}")
+                args = w.lanes[0] if to is dtypes.float32 else f"{w.lanes[0]}, {w.lanes[1]}"
+                return Val(f"uniform1_{to.name}({args})", w.axes, to)
+            case Unary(op=Unop.UINT4X32_OF, x=x):
+                v = self.expr(x, region)
+                self.helpers.add("uint4x32_of")
+                lanes = tuple(self.names.numbered("w") for _ in range(4))
+                self.line(f"{', '.join(lanes)} = uint4x32_of({self.arithmetic.tensor(v)})")
+                return Val("", v.axes, dtypes.uint4x32, lanes=lanes)
+            case Unary(op=op, x=x):
+                v = self.expr(x, region)
+                if v.literal and op in (Unop.NEG, Unop.ID):
+                    return v if op is Unop.ID else self.arithmetic.negate(v)
+                return Val(self.arithmetic.unary(op, v), v.axes, v.dtype)
+            case Binary(op=Binop.THREEFRY4X32, a=a, b=b):
+                key, counter = self.expr(a, region), self.expr(b, region)
+                self.helpers.add("threefry4x32")
+                lanes = tuple(self.names.numbered("w") for _ in range(4))
+                self.line(f"{', '.join(lanes)} = threefry4x32({', '.join(key.lanes + counter.lanes)})")
+                return Val("", key.axes | counter.axes, dtypes.uint4x32, lanes=lanes)
+            case Binary(op=op, a=a, b=b):
+                x, y = self.expr(a, region), self.expr(b, region)
+                return Val(self.arithmetic.binary(op, x, y, e.dtype), x.axes | y.axes, e.dtype)
+            case Ternary(op=Ternop.WHERE, a=a, b=b, c=c):
+                cond, then, other = self.expr(a, region), self.expr(b, region), self.expr(c, region)
+                axes = cond.axes | then.axes | other.axes
+                if e.dtype is dtypes.uint4x32:
+                    ca = self.arithmetic.atom(cond) if not cond.literal else cond.code
+                    lanes = tuple(self.temp(f"tl.where({ca} != 0, {p}, {q})", "w")
+                                  for p, q in zip(then.lanes, other.lanes))
+                    return Val("", axes, e.dtype, lanes=lanes)
+                return Val(self.arithmetic.where(cond, then, other), axes, e.dtype)
+            case Ternary(op=Ternop.FMA, a=a, b=b, c=c):
+                x, y, z = (self.expr(v, region) for v in (a, b, c))
+                return Val(self.arithmetic.fma(x, y, z, e.dtype), x.axes | y.axes | z.axes, e.dtype)
+            case Ternary(op=Ternop.MUL3, a=a, b=b, c=c):
+                x, y, z = (self.expr(v, region) for v in (a, b, c))
+                xy = Val(self.arithmetic.arith(x, y, "*"), x.axes | y.axes, e.dtype)
+                return Val(self.arithmetic.arith(xy, z, "*"), xy.axes | z.axes, e.dtype)
+            case Cast(x=x, dtype=dtype):
+                v = self.expr(x, region)
+                return self.arithmetic.cast(v, dtype)
+            case EmbedIndex(index=index, dtype=dtype):
+                code, axes = self.index_code(index, region)
+                if not axes and isinstance(index, Fixed):
+                    return Val.constant(index.index, dtype, code=str(index.index))
+                return Val(f"{paren(code)}.to({dtype.triton_name})", axes, dtype)
+            case GetLocal(local=local):
+                return self.locals[local]
+            case LocalScope(local=local, body=body):
+                first = body.stmts[0] if isinstance(body, Seq) and body.stmts else body
+                if not _sets_first(first, local):
+                    self.declare(local, region)
+                self.stmt(body, region)
+                return self.locals[local]
+        raise TypeError(f"the Triton emitter does not know the expression {e!r}")
+
+
+class FillKernelWriter(KernelWriter):
+    """Fills whole buffers, ``XBLOCK`` cells a program."""
+
+    def tiles(self) -> None:
+        self.constexprs["XBLOCK"] = self.plan.blocks.xblock
+        xindex = self.names.word("xindex")
+        self.line(f"{xindex} = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)")
+        for f in self.plan.fills:
+            self.fill(f, xindex, "XBLOCK")
+
+
+
+class FlatKernelWriter(KernelWriter):
+    """Flattens the grid into ``XBLOCK`` tiles (module docstring, "Tiles")."""
+
+    def tiles(self) -> None:
+        k, plan = self.kernel, self.plan
+        two_d = self.two_d
+        if plan.has_grid:
+            self.constexprs["XBLOCK"] = plan.blocks.xblock
+            xindex, xmask = self.names.word("xindex"), self.names.word("xmask")
+            expand = "[:, None]" if two_d else ""
+            self.line(f"{xindex} = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK){expand}")
+            ragged = plan.ragged
+            if ragged:  # the last program's tile runs past the grid
+                self.line(f"{xmask} = {xindex} < {plan.numel}")
+            codes = decompose(xindex, k.extents)
+            axes = []
+            for code in codes:
+                axes.append(code if len(k.extents) == 1 else self.temp(code, "x"))
+            region = Region({}, {}, {}, {"x": xmask} if ragged else {}, frozenset({"x"}),
+                            "[XBLOCK, 1]" if two_d else "[XBLOCK]")
+            self.axis_codes = axes
+        else:
+            region = Region({}, {}, {}, {}, frozenset(), "[]")
+            self.axis_codes = []
+        if plan.rblock is not None:
+            self.constexprs["RBLOCK"] = plan.rblock
+        self.top = len(self.lines)
+        for part in k.parts:
+            self.part(part, region)
+
+
+
+class DotKernelWriter(KernelWriter):
+    """Tiles a contraction's rows and columns and sums over ``BLOCK_K`` steps with ``tl.dot``."""
+
+    def tiles(self) -> None:
+        k, plan = self.kernel, self.plan
+        c: Contraction = k.contraction
+        first = k.parts[0]
+        rows_e, cols_e, batch_e, k_e = plan.rows, plan.cols, plan.batch, plan.k
+        M, N = plan.m, plan.n
+        blocks = plan.blocks
+        self.constexprs.update(BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n, BLOCK_K=blocks.block_k,
+                               GROUP_M=blocks.group_m)
+        npm, npn = plan.row_tiles, plan.col_tiles
+        self.line(f"# rows ({', '.join(map(str, rows_e))}) x columns ({', '.join(map(str, cols_e))})"
+                  + (f" x batch ({', '.join(map(str, batch_e))})" if c.batch else "")
+                  + f", summing over ({', '.join(map(str, k_e))})")
+        pid = self.temp("tl.program_id(0)", "pid")
+        tiles = npm * npn
+        if c.batch:
+            pb = self.names.word("pid_b")
+            self.line(f"{pb} = {pid} // {tiles}")
+            pid = self.temp(f"{pid} % {tiles}", "pid")
+        # Grouped order: GROUP_M row tiles share each column sweep (operand tiles stay in L2).
+        group = self.temp(f"{pid} // (GROUP_M * {npn})", "group")
+        first_m = self.temp(f"{group} * GROUP_M", "first_m")
+        size_m = self.temp(f"tl.minimum({npm} - {first_m}, GROUP_M)", "group_size")
+        pm, pn = self.names.word("pid_m"), self.names.word("pid_n")
+        self.line(f"{pm} = {first_m} + ({pid} % (GROUP_M * {npn})) % {size_m}")
+        self.line(f"{pn} = ({pid} % (GROUP_M * {npn})) // {size_m}")
+        rm, rn = self.names.word("rm"), self.names.word("rn")
+        self.line(f"{rm} = {pm} * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]")
+        self.line(f"{rn} = {pn} * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]")
+        masks = {}
+        for ax, r, size, block in (("m", rm, M, blocks.block_m), ("n", rn, N, blocks.block_n)):
+            if size % block:  # tiles run past the edge
+                masks[ax] = self.names.word(f"{ax}mask")
+                self.line(f"{masks[ax]} = {r} < {size}")
+        code: dict[Symbol, tuple[str, frozenset[str]]] = {}
+        for syms, ext, src, ax in ((c.rows, rows_e, rm, "m"), (c.cols, cols_e, rn, "n")):
+            for sym, d in zip(syms, decompose(src, ext)):
+                code[sym] = (d if len(syms) == 1 else self.temp(d, "x"), frozenset({ax}))
+        if c.batch:
+            for sym, d in zip(c.batch, decompose(pb, batch_e)):
+                code[sym] = (d if len(c.batch) == 1 else self.temp(d, "b"), frozenset())
+        self.axis_codes = [code[s][0] for s in first.grid]
+        self.dot_axis_tiles = [set(code[s][1]) for s in first.grid]
+        region = Region({}, {}, {}, masks, frozenset({"m", "n"}), "[BLOCK_M, BLOCK_N]")
+        for part in k.parts:
+            self.part(part, region)
+
+    def kernel_axis_tiles(self, t: int) -> set[str]:
+        return self.dot_axis_tiles[t]
+
+    def dot_loop(self, site: For, region: Region) -> None:
+        """The contraction at ``site``: its accumulator's tile, then ``tl.dot`` over K tiles."""
+        c: Contraction = self.kernel.contraction
+        acc_stmt = c.accumulator
+        if isinstance(acc_stmt, Store):
+            acc = self.names.word("acc")
+            old = self.load(Load(acc_stmt.tnode, acc_stmt.indices), region)
+            self.line(f"{acc} = {self.broadcast(old, region)}")
+        else:
+            if acc_stmt.local not in self.locals:
+                self.declare(acc_stmt.local, region)
+            acc = self.locals[acc_stmt.local].code
+        K, k_e = self.plan.k_total, self.plan.k
+        k0 = self.names.word("k0")
+        self.line(f"for {k0} in range(0, {K}, BLOCK_K):")
+        self.depth += 1
+        self.push()
+        rka, rkb = self.names.word("rka"), self.names.word("rkb")
+        self.line(f"{rka} = {k0} + tl.arange(0, BLOCK_K)[None, :]")
+        self.line(f"{rkb} = {k0} + tl.arange(0, BLOCK_K)[:, None]")
+        kmask = self.plan.k_ragged
+        ra = region.child(axes=frozenset({"m", "k"}), shape="[BLOCK_M, BLOCK_K]")
+        ra.masks = {a: m for a, m in (("m", region.masks.get("m")), ("k", kmask and f"({rka} < {K})")) if m}
+        rb = region.child(axes=frozenset({"k", "n"}), shape="[BLOCK_K, BLOCK_N]")
+        rb.masks = {a: m for a, m in (("k", kmask and f"({rkb} < {K})"), ("n", region.masks.get("n"))) if m}
+        ksyms = [s for s, _ in c.k]
+        for reg, src, prefix in ((ra, rka, "ka"), (rb, rkb, "kb")):
+            for sym, d, e in zip(ksyms, decompose(src, k_e), k_e):
+                reg.symbols[sym] = (d if len(ksyms) == 1 else self.temp(d, prefix), frozenset({"k"}))
+                reg.bounds[sym] = (0, e - 1)
+                reg.canon[sym] = ("k", sym)
+        if self.plan.sixteen is dtypes.float16:
+            a, b = self.operand_16(c.a, ra), self.operand_16(c.b, rb)
+            self.line(f"{acc} = tl.dot({a}, {b}, {acc})")
+        elif self.plan.sixteen is dtypes.bfloat16:
+            # bfloat16 values are exact in TF32 (7 < 10 mantissa bits): a TF32 dot of the float32
+            # tiles computes what a bfloat16 one does (exact products, float32 sums), and Triton's
+            # interpreter, which cannot multiply bfloat16 tiles, runs it too.
+            a, b = self.operand(c.a, ra, "a"), self.operand(c.b, rb, "b")
+            self.line(f'{acc} = tl.dot({a}, {b}, {acc}, input_precision="tf32")')
+        else:
+            a, b = self.operand(c.a, ra, "a"), self.operand(c.b, rb, "b")
+            self.line(f'{acc} = tl.dot({a}, {b}, {acc}, input_precision="{self.options.fp32_dot}")')
+        self.uses_dot = True
+        self.pop()
+        self.depth -= 1
+        if isinstance(acc_stmt, Store):
+            result = Val(acc, frozenset({"m", "n"}), dtypes.float32)
+            self.store_value(acc_stmt.tnode, acc_stmt.indices, result, region, skip_oob=False)
+
+    def operand(self, e: Expr, region: Region, prefix: str) -> str:
+        v = self.expr(e, region)
+        code = v.code
+        plain = isinstance(e, Load) and e.oob_value in (None, 0, 0.0)
+        if not plain and region.masks:
+            masks = " & ".join(region.masks[a] for a in sorted(region.masks))
+            code = f"tl.where({masks}, {code}, 0.0)"
+        if v.axes != region.axes:
+            code = f"tl.broadcast_to({code}, {region.shape})"
+        return code if NAME_PATTERN.match(code) else self.temp(code, prefix)
+
+    def operand_16(self, e: Expr, region: Region) -> str:
+        """A float16 load kept in its storage type for the tensor cores."""
+        return self.temp(self.load_code(e, region, convert=False), "a" if "m" in region.axes else "b")
+
+
+
+WRITERS: dict[type, type[KernelWriter]] = {FillPlan: FillKernelWriter, FlatPlan: FlatKernelWriter, DotPlan: DotKernelWriter}
+"""The writer of each kind of plan."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+
+_EXACT_ACCUMULATORS = frozenset({dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64, dtypes.uint32})
+"""Accumulator types a tiled reduction computes as the loop does (half precision rounds on every
+store, so it stays sequential)."""
+
+
+SHORT_SUM = 16
+"""Sums over fewer points run in the loop's order (bit for bit the interpreter's); longer ones
+are tiled (a tree order, within the conformance tolerance)."""
+
+_COMMUTATIVE = frozenset({Binop.ADD, Binop.MUL, Binop.MAX, Binop.MIN})
+
+
+def _accumulator_type(target: Store | SetLocal) -> DType:
+    return target.tnode.dtype if isinstance(target, Store) else target.local.dtype
+
+
+def _accumulation(body: Stmt) -> tuple[Binop, Store | SetLocal, Expr] | None:
+    """``(op, statement, v)`` when ``body`` is ``c[I] := op(c[I], v)`` or ``l := op(l, v)`` (or
+    ``op(v, old)`` for a commutative ``op``), ``v`` not reading the cell."""
+    found = update_of(body, _COMMUTATIVE)
+    if found is None or found.op not in scalar_accumulators():
+        return None
+    old = Load(body.tnode, body.indices) if isinstance(body, Store) else GetLocal(found.statement.local)
+    return None if _mentions(found.term, old) else (found.op, found.statement, found.term)
+
+
+def scalar_accumulators() -> frozenset[Binop]:
+    from ocannl.lowlevel.scalar_ops import ACCUMULATORS
+
+    return ACCUMULATORS
+
+
+def _mentions(e: Expr, old: Expr) -> bool:
+    if isinstance(old, GetLocal):
+        return any(isinstance(x, GetLocal) and x.local is old.local for x in iter_exprs(e)) or any(
+            isinstance(x, LocalScope) for x in iter_exprs(e))
+    return any(isinstance(x, (Load, LoadDynamic)) and x.tnode is old.tnode for x in iter_exprs(e))
+
+
+def _sets_first(s: Stmt, local: Local) -> bool:
+    """Whether ``s`` assigns ``local`` a value that does not read it (so its zero is never seen)."""
+    return isinstance(s, SetLocal) and s.local is local and not any(
+        isinstance(x, GetLocal) and x.local is local for x in iter_exprs(s.value))
+
+
+def _has_loop(body: Stmt) -> bool:
+    """Whether ``body`` has a loop of its own (local scopes aside)."""
+    if isinstance(body, For):
+        return True
+    return isinstance(body, Seq) and any(_has_loop(s) for s in body.stmts)
+
+
+def _sets_undeclared_local(body: Stmt) -> bool:
+    declared = {s.local for s in iter_stmts(body) if isinstance(s, DeclareLocal)}
+    for s in iter_stmts(body):
+        for e in stmt_exprs(s):
+            declared.update(x.local for x in iter_exprs(e) if isinstance(x, LocalScope))
+    return any(isinstance(s, SetLocal) and s.local not in declared for s in iter_stmts(body))
+
+
+def _store(pointer: str, value: str, mask: str | None) -> str:
+    return f"tl.store({_pointer(pointer)}, {value}{', mask=' + mask if mask else ''})"
+
+
+def _pointer(code: str) -> str:
+    """``p + 0`` as ``p``."""
+    return code[:-4] if code.endswith(" + 0") else code
+
+
+def _scaled(code: str, c: int) -> str:
+    return code if c == 1 else f"{paren(code)} * {c}"
+
+
+def _shorten(text: str, width: int = 92) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
