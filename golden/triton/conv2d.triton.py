@@ -20,7 +20,7 @@ def conv_fwd_0_conv(conv, images, kernel_3, BLOCK_M: tl.constexpr, BLOCK_N: tl.c
     pid0 = tl.program_id(0)
     group0 = pid0 // (GROUP_M * 1)
     first_m0 = group0 * GROUP_M
-    group_size0 = tl.minimum(1 - first_m0, GROUP_M)
+    group_size0 = tl.minimum(2 - first_m0, GROUP_M)
     pid_m = first_m0 + (pid0 % (GROUP_M * 1)) % group_size0
     pid_n = (pid0 % (GROUP_M * 1)) // group_size0
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
@@ -48,11 +48,11 @@ def launch(buffers, symbols, error):
     """Run the kernels in order. ``buffers`` maps node names to tensors, ``symbols`` index
     symbol names to ints, ``error`` is a one-element int32 tensor (set when a position is out
     of range)."""
-    conv_fwd_0_conv[(1,)](
+    conv_fwd_0_conv[(2,)](
         buffers["conv"],
         buffers["images"],
         buffers["kernel_3"],
-        BLOCK_M=32,
+        BLOCK_M=16,
         BLOCK_N=16,
         BLOCK_K=32,
         GROUP_M=8,

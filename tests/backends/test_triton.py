@@ -228,9 +228,11 @@ LARGER = [
     # In the default run: Triton's interpreter converts to bfloat16 by truncation, so a bfloat16
     # accumulator must round through tlib.bfloat16_round to match the other backends.
     pytest.param(testing.Program("bfloat16 matmul", forward_and_backward(_matmul_16bit("bfloat16"))), id="bf16"),
+    # Sums of 70 products of standard normal values: the rounding of a cell follows the terms'
+    # size (about 8), not the result's; Triton's interpreter sums each tile with numpy's matmul.
     pytest.param(testing.Program("float16 operands, float32 accumulator: tl.dot on 16-bit tiles",
-                                 _mixed_gemm("float16")), id="fp16-tiles"),
-    pytest.param(testing.Program("bfloat16 operands, float32 accumulator", _mixed_gemm("bfloat16")),
+                                 _mixed_gemm("float16"), atol=2e-5), id="fp16-tiles"),
+    pytest.param(testing.Program("bfloat16 operands, float32 accumulator", _mixed_gemm("bfloat16"), atol=2e-5),
                  id="bf16-tiles", marks=pytest.mark.slow),
     pytest.param(testing.Program("float64 matmul", forward_and_backward(_matmul_float64)), id="fp64",
                  marks=pytest.mark.slow),

@@ -158,7 +158,7 @@ def plan_kernel(kernel: Kernel, inner_tiles: bool = True) -> Plan:
         batch, k = tuple(extent[s] for s in c.batch), tuple(e for _, e in c.k)
         a16, b16 = sixteen_bit_load(c.a), sixteen_bit_load(c.b)
         sixteen = a16 if a16 is not None and a16 is b16 else None
-        blocks = tiling.dot_blocks(math.prod(rows), math.prod(cols), math.prod(k), sixteen is not None)
+        blocks = tiling.dot_blocks(math.prod(rows), math.prod(cols), math.prod(k), sixteen is not None, math.prod(batch))
         return DotPlan(rows, cols, batch, k, sixteen, blocks)
     numel = math.prod(kernel.extents)
     inner = max((math.prod(e) for p in kernel.parts for e in _inner_chains(p.body)), default=None)

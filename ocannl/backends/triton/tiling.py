@@ -1,13 +1,19 @@
-"""Block sizes: a small heuristic table, in the spirit of Inductor's defaults (spec/peers.md §2.2,
-§2.3): no search, one configuration per kernel shape.
+"""Block sizes: a small heuristic table in the spirit of PyTorch Inductor's defaults: no search,
+one configuration per kernel shape.
 
 * Pointwise kernels tile their flattened grid by ``XBLOCK`` (up to 1024 points a program).
 * Kernels with inner loops (reductions, rows of a softmax) tile the inner points by ``RBLOCK``:
   the whole inner extent when it fits in 1024 (a *persistent* tile: one load of each row, no
   loop), else chunks of 512 looped over; ``XBLOCK`` then keeps a tile near 4096 elements.
-* Contractions (``tl.dot``) tile rows x columns x reduction by ``BLOCK_M x BLOCK_N x BLOCK_K``:
-  up to 128 x 128 x 32 (x 64 for 16-bit operands), at least 16 each (``tl.dot``'s minimum), and
-  group ``GROUP_M`` row tiles per column sweep so that operand tiles stay in L2.
+* Contractions (``tl.dot``) tile rows x columns x reduction by ``BLOCK_M x BLOCK_N x BLOCK_K``,
+  and group ``GROUP_M`` row tiles per column sweep so that operand tiles stay in L2. The output
+  tile is the largest of :data:`DOT_TILES` that still gives every SM of the target GPU a program
+  (:data:`SM_COUNT` programs, batch included): a GEMM launching fewer programs than there are
+  SMs leaves the rest of the GPU idle, however fast each program is. A contraction too small
+  for one wave with the smallest tile takes that tile (``tl.dot``'s minimum is 16): the most
+  programs it can have. ``BLOCK_K`` is up to 32 (64 for 16-bit operands), at least 16.
+  Small tiles also bound the registers a program needs for its accumulator and epilogue, so
+  that kernels do not spill (gpu_check.py reports spills).
 """
 
 from __future__ import annotations
@@ -52,11 +58,26 @@ class DotBlocks:
     num_stages: int
 
 
-def dot_blocks(m: int, n: int, k: int, sixteen_bit: bool) -> DotBlocks:
+SM_COUNT = 132
+"""Streaming multiprocessors of the GPU the tiles are chosen for (an H100 SXM has 132)."""
+
+DOT_TILES = ((128, 128), (128, 64), (64, 128), (64, 64), (64, 32), (32, 64), (32, 32), (32, 16), (16, 32),
+             (16, 16))
+"""Output tiles ``BLOCK_M x BLOCK_N`` from the largest (the most reuse of each operand tile) to
+the smallest ``tl.dot`` accepts."""
+
+
+def dot_blocks(m: int, n: int, k: int, sixteen_bit: bool, batch: int = 1, sm_count: int = SM_COUNT) -> DotBlocks:
+    """Blocks of a contraction of ``batch`` independent ``m x n`` outputs over ``k`` terms
+    (module docstring)."""
     def clamp(v: int, hi: int) -> int:
         return max(16, min(hi, next_power_of_2(v)))
 
-    bm, bn = clamp(m, 128), clamp(n, 128)
+    def programs(tile: tuple[int, int]) -> int:
+        return batch * -(-m // tile[0]) * -(-n // tile[1])
+
+    tiles = list(dict.fromkeys((clamp(m, bm), clamp(n, bn)) for bm, bn in DOT_TILES))
+    bm, bn = next((t for t in tiles if programs(t) >= sm_count), tiles[-1])
     bk = clamp(k, 64 if sixteen_bit else 32)
-    warps = 8 if bm * bn >= 128 * 128 else 4
+    warps = 8 if bm * bn >= 64 * 64 else 4
     return DotBlocks(bm, bn, bk, 8, warps, 3 if sixteen_bit else 2)
