@@ -317,6 +317,35 @@ def test_each_kernel_is_planned_before_it_is_written():
     assert [k.grid for k in generate(ir).kernels] == [p.grid for p in plans]
 
 
+def test_kernels_over_2_31_cells_index_in_int64():
+    """Generated code only: nothing of 2**31 cells is allocated. The flat kernel's index and
+    every offset into the large buffers are int64; the kernels compile for the GPU."""
+    from handbuilt import accum, matvec
+    from ocannl.backends.triton.writer import WIDE
+    from ocannl.lowlevel.indexing import Iter, Symbol
+    from ocannl.lowlevel.lower import lower_routine
+    from ocannl.lowlevel.optimize import materialized_nodes, optimize
+    from ocannl.lowlevel.scalar_ops import Unop
+    from ocannl.lowlevel.tnode import TNode
+
+    rows, cols = 2**16, 2**15
+    assert rows * cols == WIDE
+    x, y = TNode("x", (rows, cols)), TNode("y", (rows, cols))
+    v, c = TNode("v", (cols,)), TNode("c", (rows,))
+    i, j = Symbol(), Symbol()
+    relu = accum(y, None, Unop.RELU, (x,), [(i, rows), (j, cols)], (Iter(i), Iter(j)), ((Iter(i), Iter(j)),))
+    sources = []
+    for name, body in (("relu", relu), ("matvec", matvec(x, v, c))):
+        unoptimized = lower_routine(name, body)
+        sources.append(generate(optimize(unoptimized, materialized_nodes(unoptimized) | {x, v})))
+    relu_text, matvec_text = (s.text for s in sources)
+    assert "tl.program_id(0).to(tl.int64)" in relu_text
+    assert re.search(r"tl\.load\(x \+ [^\n]*\.to\(tl\.int64\)", relu_text)
+    assert re.search(r"tl\.load\(x \+ [^\n]*\.to\(tl\.int64\)", matvec_text)
+    assert "tl.store(c + xindex, " in matvec_text  # c has 2**16 cells: its offsets stay int32
+    assert compile_for_gpu(sources)
+
+
 def test_matmul_bias_relu_is_one_kernel():
     def build():
         x = oc.tensor(data(64, 48, seed=1), batch=1, label="x")

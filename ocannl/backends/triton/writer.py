@@ -35,7 +35,9 @@ a data-dependent position (``oc.take``) or an index through a symbol without a s
 outside its axis, it sets the routine's error flag, which the runtime turns into
 :class:`~ocannl.errors.OutOfBoundsError`, and is masked (reads give 0, stores are skipped), or,
 for an index the same in every lane, clamped to 0 as the C backend does.
-Scatter-adds use ``tl.atomic_add`` (rows may repeat).
+Scatter-adds use ``tl.atomic_add`` (rows may repeat). Offsets into a buffer of ``2**31`` cells
+or more, and the flat index of a grid that large, are computed in int64 (:data:`WIDE`); smaller
+ones stay int32, which is cheaper.
 
 **Arithmetic** follows the scalar catalog (ocannl/lowlevel/scalar_ops.py), each operator written
 by ``tile_expr.py``: float32 division and
@@ -838,6 +840,8 @@ class KernelWriter:
         # A node with a size-0 axis has only zero strides, yet its accesses keep the shape of
         # their tile (a pointer as wide as its mask): ``x0 * 0`` terms stay.
         empty = 0 in node.dims
+        if cells(node) >= WIDE:  # int32 products would overflow: every term in int64
+            coefficients = {f"{paren(code)}.to(tl.int64)": c for code, c in coefficients.items()}
         parts = [_scaled(code, c) for code, c in coefficients.items() if c or empty]
         text = " + ".join(parts)
         if constant or not text:
@@ -1051,7 +1055,7 @@ class FillKernelWriter(KernelWriter):
     def tiles(self) -> None:
         self.constexprs["XBLOCK"] = self.plan.blocks.xblock
         xindex = self.names.word("xindex")
-        self.line(f"{xindex} = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)")
+        self.line(f"{xindex} = {_program_id(self.plan.numel)} * XBLOCK + tl.arange(0, XBLOCK)")
         for f in self.plan.fills:
             self.fill(f, xindex, "XBLOCK")
 
@@ -1067,7 +1071,7 @@ class FlatKernelWriter(KernelWriter):
             self.constexprs["XBLOCK"] = plan.blocks.xblock
             xindex, xmask = self.names.word("xindex"), self.names.word("xmask")
             expand = "[:, None]" if two_d else ""
-            self.line(f"{xindex} = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK){expand}")
+            self.line(f"{xindex} = {_program_id(plan.numel)} * XBLOCK + tl.arange(0, XBLOCK){expand}")
             ragged = plan.ragged
             if ragged:  # the last program's tile runs past the grid
                 self.line(f"{xmask} = {xindex} < {plan.numel}")
@@ -1274,6 +1278,16 @@ def _sets_undeclared_local(body: Stmt) -> bool:
         for e in stmt_exprs(s):
             declared.update(x.local for x in iter_exprs(e) if isinstance(x, LocalScope))
     return any(isinstance(s, SetLocal) and s.local not in declared for s in iter_stmts(body))
+
+
+WIDE = 2**31
+"""Offsets into a buffer of this many cells or more, and flattened indices over this many grid
+points, overflow int32, Triton's default index type: they are computed in int64."""
+
+
+def _program_id(points: int) -> str:
+    """The program's number, in int64 when the grid's ``points`` reach :data:`WIDE`."""
+    return "tl.program_id(0).to(tl.int64)" if points >= WIDE else "tl.program_id(0)"
 
 
 def _store(pointer: str, value: str, mask: str | None) -> str:
