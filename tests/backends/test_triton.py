@@ -109,7 +109,7 @@ def guard_zones(monkeypatch):
 
     def from_host(self, array):
         buffer = zeros(self, array.shape, array.dtype)
-        buffer.copy_(torch.from_numpy(np.ascontiguousarray(array)))
+        buffer.copy_(torch.from_numpy(np.asarray(array, order="C")))  # a 0-d value stays 0-d
         return buffer
 
     run = runtime.TritonExecutable.run
@@ -344,6 +344,56 @@ def test_kernels_over_2_31_cells_index_in_int64():
     assert re.search(r"tl\.load\(x \+ [^\n]*\.to\(tl\.int64\)", matvec_text)
     assert "tl.store(c + xindex, " in matvec_text  # c has 2**16 cells: its offsets stay int32
     assert compile_for_gpu(sources)
+
+
+def _gemm_source(n: int, dtype: str):
+    from bench.triton_gpu import gemm_computation
+    from ocannl.lowlevel.lower import lower_routine
+    from ocannl.lowlevel.optimize import materialized_nodes, optimize
+
+    computation, (a, b, _) = gemm_computation(n, n, n, dtype)
+    unoptimized = lower_routine(f"gemm_{dtype}", computation.body)
+    return generate(optimize(unoptimized, materialized_nodes(unoptimized) | {a, b}))
+
+
+def test_16_bit_dots_run_on_hopper_tensor_cores():
+    """float16 and bfloat16 tiles compile to wgmma for sm_90 (64-row tiles; bfloat16 natively
+    on a GPU, as an equal TF32 dot in the interpreter), without spills."""
+    sources = [_gemm_source(256, dtype) for dtype in ("float16", "bfloat16")]
+    assert "NATIVE_BF16_DOT" in sources[1].text
+    binaries = compile_for_gpu(sources)
+    assert len(binaries) == 2 and all(b.wgmma and not b.spills for b in binaries.values())
+
+
+def _mlp_784_1024_1024_10():
+    rng = np.random.default_rng(0)
+    x = oc.tensor(rng.standard_normal((256, 784)).astype(np.float32), batch=1, label="x")
+    y = oc.tensor(np.eye(10, dtype=np.float32)[rng.integers(0, 10, 256)], batch=1, label="y")
+    probs = nn.softmax(nn.mlp(hid_dims=(1024, 1024), label="mlp")(x))
+    loss = (-(y * oc.log(probs + 1e-9)).sum(axes="output")).mean(label="loss")
+    update = train.grad_update(loss)
+    return [update, train.sgd_update(update, lr=0.01)]
+
+
+def test_the_large_gemms_of_an_mlp_step_fill_an_h100():
+    """784-1024-1024-10 at batch 256: the two forward and three backward GEMMs over 1024-wide
+    layers each launch at least one program per SM of an H100 (132)."""
+    from ocannl.backends.partition import partition
+    from ocannl.backends.triton.plan import DotPlan, plan_kernel
+    from ocannl.backends.triton.tiling import SM_COUNT
+
+    ir = routines_of(_mlp_784_1024_1024_10)[-1]
+    plans = [plan_kernel(k) for k in partition(ir.body)]
+    large = [p.grid for p in plans if isinstance(p, DotPlan) and min(p.m, p.n) >= 256]
+    assert len(large) == 5 and min(large) >= SM_COUNT
+    assert sorted(large) == sorted(k.grid for k in generate(ir).kernels if k.uses_dot and k.grid in large)
+
+
+@pytest.mark.slow
+def test_training_steps_compile_for_sm_90_without_spills():
+    """Every kernel of the MLP step compiles with a launch's alignment and spills nothing
+    (compile_for_gpu fails on a spill)."""
+    assert compile_for_gpu([generate(routines_of(_mlp_784_1024_1024_10)[-1])])
 
 
 def test_matmul_bias_relu_is_one_kernel():

@@ -11,7 +11,9 @@ one configuration per kernel shape.
   (:data:`SM_COUNT` programs, batch included): a GEMM launching fewer programs than there are
   SMs leaves the rest of the GPU idle, however fast each program is. A contraction too small
   for one wave with the smallest tile takes that tile (``tl.dot``'s minimum is 16): the most
-  programs it can have. ``BLOCK_K`` is up to 32 (64 for 16-bit operands), at least 16.
+  programs it can have. With 16-bit operands ``BLOCK_M`` stays at least 64, the rows of one
+  Hopper tensor-core instruction (``wgmma``): a smaller tile falls back to the older, slower
+  ``mma`` instructions. ``BLOCK_K`` is up to 32 (64 for 16-bit operands), at least 16.
   Small tiles also bound the registers a program needs for its accumulator and epilogue, so
   that kernels do not spill (gpu_check.py reports spills).
 """
@@ -76,7 +78,8 @@ def dot_blocks(m: int, n: int, k: int, sixteen_bit: bool, batch: int = 1, sm_cou
     def programs(tile: tuple[int, int]) -> int:
         return batch * -(-m // tile[0]) * -(-n // tile[1])
 
-    tiles = list(dict.fromkeys((clamp(m, bm), clamp(n, bn)) for bm, bn in DOT_TILES))
+    # Hopper's tensor-core instruction (wgmma) works on 64-row tiles: 16-bit operands keep them.
+    tiles = list(dict.fromkeys((clamp(m, bm), clamp(n, bn)) for bm, bn in DOT_TILES if bm >= 64 or not sixteen_bit))
     bm, bn = next((t for t in tiles if programs(t) >= sm_count), tiles[-1])
     bk = clamp(k, 64 if sixteen_bit else 32)
     warps = 8 if bm * bn >= 64 * 64 else 4

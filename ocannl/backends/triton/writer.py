@@ -225,6 +225,8 @@ class KernelWriter:
         self.locals: dict[Local, Val] = {}
         self.uses_dot = False
         self.uses_atomics = False
+        self.native_bf16_dot = False
+        """Whether the kernel reads the module's ``NATIVE_BF16_DOT`` switch."""
         self.checks_positions = False
         self.rblock: int | None = plan.rblock if isinstance(plan, FlatPlan) else None
         self.two_d = self.rblock is not None
@@ -1181,11 +1183,22 @@ class DotKernelWriter(KernelWriter):
             a, b = self.operand_16(c.a, ra), self.operand_16(c.b, rb)
             self.line(f"{acc} = tl.dot({a}, {b}, {acc})")
         elif self.plan.sixteen is dtypes.bfloat16:
-            # bfloat16 values are exact in TF32 (7 < 10 mantissa bits): a TF32 dot of the float32
-            # tiles computes what a bfloat16 one does (exact products, float32 sums), and Triton's
-            # interpreter, which cannot multiply bfloat16 tiles, runs it too.
+            # On a GPU the bfloat16 tiles go to the tensor cores as they are. Triton's interpreter
+            # cannot multiply bfloat16 tiles: there, a TF32 dot of the float32 tiles computes the
+            # same (bfloat16 values are exact in TF32, 7 < 10 mantissa bits; exact products,
+            # float32 sums). The module's NATIVE_BF16_DOT constant picks the branch.
+            self.line("if NATIVE_BF16_DOT:")
+            self.depth += 1
+            a, b = (self.temp(self.load_code(e, r, convert=False) + ".to(tl.bfloat16, bitcast=True)", name)
+                    for e, r, name in ((c.a, ra, "a"), (c.b, rb, "b")))
+            self.line(f"{acc} = tl.dot({a}, {b}, {acc})")
+            self.depth -= 1
+            self.line("else:")
+            self.depth += 1
             a, b = self.operand(c.a, ra, "a"), self.operand(c.b, rb, "b")
             self.line(f'{acc} = tl.dot({a}, {b}, {acc}, input_precision="tf32")')
+            self.depth -= 1
+            self.native_bf16_dot = True
         else:
             a, b = self.operand(c.a, ra, "a"), self.operand(c.b, rb, "b")
             self.line(f'{acc} = tl.dot({a}, {b}, {acc}, input_precision="{self.options.fp32_dot}")')
