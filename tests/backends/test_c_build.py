@@ -11,6 +11,7 @@ import pytest
 
 import ocannl as oc
 from ocannl import data, nn, session, testing, train
+from ocannl.backends import cache
 from ocannl.backends.c import CBackend, compiler
 from ocannl.backends.c.emit import emit_c
 from ocannl.backends.codegen import PART_STATEMENTS
@@ -69,13 +70,13 @@ def test_default_flags_are_o2_and_deterministic():
 def test_kernels_are_built_with_the_chosen_flags(monkeypatch, tmp_path):
     monkeypatch.setenv("OCANNL_CACHE_DIR", str(tmp_path))
     commands: list[list[str]] = []
-    build = compiler.build_atomically
+    build = cache.build_atomically
 
     def recording(cmd, *args, **kwargs):
         commands.append(list(cmd))
         return build(cmd, *args, **kwargs)
 
-    monkeypatch.setattr(compiler, "build_atomically", recording)
+    monkeypatch.setattr(cache, "build_atomically", recording)
     tc = compiler.toolchain()
     assert tc.flags[: len(compiler.BASE_FLAGS)] == compiler.BASE_FLAGS
     x = TNode("x", (4,), dtypes.float32)

@@ -244,6 +244,30 @@ def test_the_probe_checks_what_its_library_computes(tmp_path, monkeypatch):
         compiler.toolchain()
 
 
+@needs_metal
+def test_the_metal_probe_checks_what_its_library_computes(tmp_path, monkeypatch):
+    """The C++ compiler of the shim is probed as the C compiler is: a compiler that builds the
+    launcher but some other probe library is refused, naming what the library computed."""
+    from ocannl.backends.metal import harness
+
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    monkeypatch.setenv("OCANNL_METAL_CXX", str(script(tmp_path / "wrong-cxx", (
+        f'case " $* " in *" --version "*|*" -c "*) exec {cxx} "$@";; esac\n'
+        'prev=; for arg; do [ "$prev" = -o ] && out=$arg; prev=$arg; done\n'
+        f"echo 'extern \"C\" int ocannl_probe(int x) {{ return 7; }}' | {cxx} -x c++ - -shared -fPIC -o \"$out\"\n"
+    ))))
+    with pytest.raises(BackendUnavailable, match=r"the C\+\+ compiler .*wrong-cxx cannot build the Metal shim: .*"
+                                                 r"computed ocannl_probe\(13\) = 7, not 40"):
+        harness.toolchain()
+    ok, reason = MetalBackend().available()
+    assert not ok and "= 7, not 40" in reason
+    monkeypatch.setenv("OCANNL_METAL_CXX", "/nonexistent/c++")
+    with pytest.raises(BackendUnavailable, match=r"OCANNL_METAL_CXX='/nonexistent/c\+\+' names no executable"):
+        harness.toolchain()
+    monkeypatch.setenv("OCANNL_METAL_CXX", cxx)  # a working compiler again: probed anew
+    assert harness.toolchain().command == (cxx,)
+
+
 @needs_cc
 def test_a_failed_probe_is_retried_when_the_compiler_changes(tmp_path, monkeypatch):
     cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")

@@ -27,11 +27,11 @@ import pytest
 import ocannl as oc
 from golden import check_golden
 from handbuilt import accum, matvec, padded_conv1d
-from ocannl import session, testing
+from ocannl import session, testing, train
 from ocannl.backends import base
 from ocannl.backends.interp import InterpBackend
 from ocannl.backends.metal import KernelLimitError, MetalBackend, Options, emit_metal, harness
-from ocannl.backends.metal.emit import MAX_BUFFERS, Kernel, check_limits
+from ocannl.backends.metal.emit import MAX_ARGUMENT_BUFFER_ENTRIES, MAX_BUFFERS, Kernel, check_limits
 from ocannl.errors import BackendUnavailable, OutOfBoundsError
 from ocannl.lowlevel import dtypes, prng, prng_reference
 from ocannl.lowlevel.assignments import Block
@@ -625,8 +625,16 @@ def wide_sum(n_inputs: int, statements: int = 1) -> RoutineIR:
 
 
 def test_limits_are_checked_before_emission():
-    with pytest.raises(KernelLimitError, match=r"kernel wide_k0 of routine wide takes 41 buffer arguments .*at most 31"):
-        emit_metal(wide_sum(40))
+    wide = emit_metal(wide_sum(40)).kernels[0]
+    check_limits(wide, "wide")  # its 41 arguments travel in an argument buffer
+    direct = dataclasses.replace(wide, argument_buffer=None)
+    with pytest.raises(KernelLimitError, match=r"kernel wide_k0 of routine wide takes 41 buffer arguments .*"
+                                               r"at most 31: pass them in an argument buffer"):
+        check_limits(direct, "wide")
+    huge = dataclasses.replace(wide, params=wide.params * (MAX_ARGUMENT_BUFFER_ENTRIES // len(wide.params) + 1))
+    with pytest.raises(KernelLimitError, match=r"its argument buffer wide_k0_args holds \d+ buffer arguments "
+                                               r"\(in0_0, .* and \d+ more\), and Metal allows at most 500000"):
+        check_limits(huge, "wide")
     reduce, _, _ = reduction("big_group", rows=1, cols=4096)
     with pytest.raises(KernelLimitError, match="2048 threads per threadgroup, and Metal allows at most 1024"):
         emit_metal(reduce, Options(threads_per_threadgroup=2048, tree_terms_per_thread=1))
@@ -636,15 +644,96 @@ def test_limits_are_checked_before_emission():
     check_limits(kernel, "big_group")
 
 
+def wide_slice() -> tuple[RoutineIR, list[TNode], TNode, IndexSymbol]:
+    """``out[i] = x[row, i] + in0[i] + ... + in31[i]``: 34 buffers, the symbol ``row`` (no size:
+    its access is checked when it runs) and the status buffer, 36 arguments."""
+    inputs = [TNode(f"in{k}", (8,)) for k in range(32)]
+    x, out, row = TNode("x", (3, 8)), TNode("out", (8,)), IndexSymbol("row")
+
+    def total(i):
+        value = Load(x, (Iter(row), i))
+        for node in inputs:
+            value = Binary(Binop.ADD, value, Load(node, (i,)))
+        return value
+
+    return RoutineIR("wide", pointwise(out, total)), inputs, x, row
+
+
+def test_a_kernel_over_31_arguments_takes_one_argument_buffer():
+    """The struct holds every argument (pointers with their address space, the symbol by value,
+    the status buffer); the kernel binds only it and copies the members to the usual names."""
+    routine, _, _, _ = wide_slice()
+    (kernel,) = emit_metal(routine).kernels
+    assert kernel.argument_buffer == "wide_k0_args" and len(kernel.params) == 36
+    for line in ("struct wide_k0_args {", "  device const float* in0 [[id(0)]];", "  device float* out [[id(32)]];",
+                 "  long _s_row [[id(34)]];", "  device atomic_int* _status [[id(35)]];",
+                 "    constant wide_k0_args& _args [[buffer(0)]],", "  device const float* in31 = _args.in31;",
+                 "  long _s_row = _args._s_row;", "  device atomic_int* _status = _args._status;"):
+        assert line in kernel.text.splitlines(), line
+    assert "[[buffer(1)]]" not in kernel.text
+    narrow = emit_metal(wide_sum(30)).kernels[0]
+    assert narrow.argument_buffer is None and "[[buffer(30)]]" in narrow.text and "struct" not in narrow.text
+
+
 @needs_metal
-def test_a_kernel_over_too_many_buffers_is_split_between_statements():
-    routine = wide_sum(10, statements=6)  # one grid: one kernel of 66 buffers before the split
+@pytest.mark.parametrize("statements", [1, 6])
+def test_a_kernel_over_31_arguments_matches_the_interpreter(statements):
+    routine = wide_sum(40 if statements == 1 else 10, statements)  # 41 or 66 buffers on one grid
     program = emit_metal(routine)
-    assert len(program.kernels) >= 3 and all(len(k.params) <= MAX_BUFFERS for k in program.kernels)
+    assert len(program.kernels) == 1 and program.kernels[0].argument_buffer
     inputs = {n: np.arange(8, dtype=np.float32) * (k + 1) for k, n in enumerate(routine.reads)}
     expected, got = run_both(routine, inputs)
     for node in routine.writes:
         assert_same_bits(expected[node], got[node], node.name)
+
+
+@needs_metal
+def test_an_argument_buffer_carries_symbols_and_the_status():
+    routine, inputs, x, row = wide_slice()
+    values = {node: np.full(8, k + 1.0, np.float32) for k, node in enumerate(inputs)}
+    values[x] = np.arange(24, dtype=np.float32).reshape(3, 8)
+    expected, got = run_both(routine, values, {row: 2})
+    (out,) = routine.writes
+    assert_same_bits(expected[out], got[out])
+    assert got[out].tolist() == [16.0 + 528.0 + k for k in range(8)]
+    with pytest.raises(OutOfBoundsError, match="x"):
+        run_on(MetalBackend(), routine, values, {row: 3})
+    for compiler in ("g++", "clang++") if HAVE_CLANG else ("g++",):  # -Wall -Wextra -Werror
+        parse_all([("wide", emit_metal(routine).text)], compiler)
+
+
+def scalar_neuron(n: int):
+    """micrograd's style: a neuron over ``n`` inputs, every weight and input a tensor of one
+    number, ``relu(b + sum_k w_k * x_k)``: one grid point reading 2n + 1 tensors."""
+    ws = [oc.param(f"w{k}", output=1, init=np.array([0.1 * (k + 1)]), dtype="float32") for k in range(n)]
+    xs = [oc.tensor(np.array([1.0 - 0.25 * k], np.float32)) for k in range(n)]
+    b = oc.param("b", output=1, init=np.array([0.5]), dtype="float32")
+    total = b
+    for w, x in zip(ws, xs):
+        total = total + w * x
+    return total.relu(), ws + [b]
+
+
+@needs_metal
+def test_a_scalar_program_of_38_buffers_runs_on_metal_like_interp():
+    """18 weights, 18 inputs, a bias and the output: 38 buffers in one kernel (a
+    :class:`KernelLimitError` before argument buffers); then its training step."""
+    results = {}
+    for backend in ("interp", "metal"):
+        session.reset()
+        out, params = scalar_neuron(18)
+        ctx = oc.Context(backend)
+        forward = ctx.compile(out)
+        if backend == "metal":
+            (kernel,) = forward._executable.program.kernels
+            assert len(kernel.params) == 38 and kernel.argument_buffer
+        forward.run()
+        loss = (out - 1.0) ** 2
+        step = ctx.compile(train.sgd_update(train.grad_update(loss), lr=0.01))
+        step.run()
+        results[backend] = [ctx.get(out.value)] + [ctx.get(p.value) for p in params]
+    for want, got in zip(results["interp"], results["metal"]):
+        assert_same_bits(want, got)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -783,6 +872,15 @@ def test_catalog_under_address_and_undefined_behaviour_sanitizers(monkeypatch):
     monkeypatch.setenv("OCANNL_METAL_SANITIZE", "address,undefined")
     report = testing.conformance("metal", programs=metal_catalog(), random_programs=20)
     assert report.ok, report.summary()
+
+
+@needs_metal
+@pytest.mark.slow
+def test_an_argument_buffer_under_address_and_undefined_behaviour_sanitizers(monkeypatch):
+    """Each buffer its own allocation of exactly its size: a member pointing at the wrong
+    buffer, or a wrong type, would read out of bounds."""
+    monkeypatch.setenv("OCANNL_METAL_SANITIZE", "address,undefined")
+    test_an_argument_buffer_carries_symbols_and_the_status()
 
 
 @needs_tsan

@@ -20,30 +20,27 @@ thread count (``OMP_NUM_THREADS``).
 ``<cache>`` is, who may write it and how each library is verified before it is loaded is
 ``ocannl/backends/cache.py``.
 
-**Probe.** A toolchain is accepted once it has built a tiny library that loads and computes the
-right value (a command that exits 0 without compiling, like ``CC=true``, is refused). The result
-is remembered per setting: the compiler command, the identity of its executable (reinstalling it
-retries), fast mode, OpenMP and the cache directory; a compiler that is not found is looked for
-again on every use.
+**Probe.** The compiler must build a tiny library that loads and computes the right value, and,
+unless ``OCANNL_C_OPENMP=0``, a second one with an OpenMP loop (else the kernels are built
+without OpenMP). How compilers are found and probed, and when a verdict is reused, is
+``ocannl/backends/toolchain.py``; the C setting is the compiler command, fast mode and OpenMP.
 """
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import os
 import platform
-import shlex
 import shutil
-import subprocess
-import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from ocannl import config
 from ocannl.backends import cache
-from ocannl.backends.cache import CacheError, build_atomically
-from ocannl.backends.shared_library import SharedLibrary
+from ocannl.backends.toolchain import (
+    Toolchain, build_shared, check_probe, compiler_version, find_compiler, probed,
+)
 from ocannl.errors import BackendUnavailable, CompileError
 
 BASE_FLAGS = ("-O2", "-ffp-contract=off", "-fno-math-errno", "-fwrapv", "-fno-builtin-pow", "-fno-builtin-powf")
@@ -52,7 +49,6 @@ unrolled by hand; GCC 12's ``-O2`` vectorizes too), while ``-O3`` peels and unro
 with a small constant trip count, which makes compiling a training routine several times slower
 (the figures are in the README, "C compile time")."""
 FAST_FLAGS = ("-march=native", "-ffp-contract=fast")
-LINK_FLAGS = ("-shared", "-fPIC")
 CANDIDATES = ("cc", "gcc", "clang")
 
 FIX = (
@@ -62,79 +58,27 @@ FIX = (
 
 
 @dataclass(frozen=True)
-class Toolchain:
-    """A working compiler: its command line, resolved path, ``--version`` text, and flags."""
+class CToolchain(Toolchain):
+    """A working C compiler and its flags; ``openmp``: ``-fopenmp`` is among them."""
 
-    command: tuple[str, ...]
-    path: str
-    version: str
-    flags: tuple[str, ...]
     openmp: bool
     fast: bool
 
-    @property
-    def description(self) -> str:
-        first = self.version.splitlines()[0] if self.version else "unknown version"
-        return f"{' '.join(self.command)}: {first}"
-
-
-_lock = threading.Lock()
-_toolchains: dict[tuple, Toolchain | BackendUnavailable] = {}
-_probe_libraries: list[SharedLibrary] = []
-"""The probes' libraries stay loaded: the OpenMP one keeps the OpenMP runtime mapped, whose idle
-threads would otherwise lose their code when the last kernel using it is unloaded."""
-
-
-def find_compiler() -> tuple[str, ...]:
-    """The compiler command: ``CC``, else ``cc``/``gcc``/``clang`` found on ``PATH``."""
-    cc = os.environ.get("CC", "").strip()
-    if cc:
-        command = tuple(shlex.split(cc))
-        if shutil.which(command[0]) is None:
-            raise BackendUnavailable(f"CC={cc!r} names no executable: set CC to a C compiler, or unset it to use cc/gcc/clang; {FIX}")
-        return command
-    for name in CANDIDATES:
-        if shutil.which(name) is not None:
-            return (name,)
-    raise BackendUnavailable(f"no C compiler found (CC is unset and none of {', '.join(CANDIDATES)} is on PATH): {FIX}")
+    what: ClassVar[str] = "C compiler"
+    language: ClassVar[str] = "c"
+    libraries: ClassVar[tuple[str, ...]] = ("-lm",)
 
 
 def fast_mode() -> bool:
     return config.flag("c_fast", default=False)
 
 
-def toolchain() -> Toolchain:
+def toolchain() -> CToolchain:
     """The compiler and flags for the current settings, probed once per process per setting
     (module docstring); :class:`BackendUnavailable` when none works."""
     fast, openmp = fast_mode(), config.flag("c_openmp", default=True)
-    command = find_compiler()
-    key = (command, executable_identity(command[0]), fast, openmp, str(cache.root()))
-    with _lock:
-        found = _toolchains.get(key)
-        if found is None:
-            try:
-                found = _probe(command, fast, openmp)
-            except CacheError:
-                raise  # about the cache, not the compiler: not remembered
-            except BackendUnavailable as e:
-                found = e
-            _toolchains[key] = found
-    if isinstance(found, BackendUnavailable):
-        raise found
-    return found
-
-
-def executable_identity(name: str) -> tuple:
-    """The resolved path of executable ``name`` and its file's identity: a compiler replaced or
-    installed under the same name is a new setting."""
-    path = shutil.which(name)
-    if path is None:
-        return (name,)
-    try:
-        info = os.stat(path)
-    except OSError:
-        return (path,)
-    return path, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
+    command = find_compiler([("CC", os.environ.get("CC"))], CANDIDATES, "C compiler", FIX)
+    return probed("c", command, (fast, openmp), lambda: _probe(command, fast, openmp))
 
 
 PROBE = "int ocannl_probe(int x) { return 3 * x + 1; }\n"
@@ -144,43 +88,27 @@ OPENMP_PROBE = (
 )
 
 
-def _probe(command: tuple[str, ...], fast: bool, openmp: bool) -> Toolchain:
-    name = " ".join(command)
-    try:
-        result = subprocess.run([*command, "--version"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise BackendUnavailable(f"the C compiler {name} cannot run ({e}): {FIX}") from None
-    if result.returncode != 0:
-        raise BackendUnavailable(f"`{name} --version` failed: {result.stderr.strip()[:200]}; {FIX}")
-    version = result.stdout.strip()
+def _probe(command: tuple[str, ...], fast: bool, openmp: bool) -> CToolchain:
+    version = compiler_version(command, "C compiler", FIX)
     if fast:  # -march=native code runs only on CPUs like this one: key the cache by the CPU
         version += "\n" + _cpu_identity()
     flags = BASE_FLAGS + (FAST_FLAGS if fast else ())
     path = shutil.which(command[0]) or command[0]
-    plain = Toolchain(command, path, version, flags, False, fast)
+    plain = CToolchain(command, path, version, flags, False, fast)
     try:
-        _check_probe(plain, PROBE, 13, 40)
+        check_probe(plain, PROBE, 13, 40, cache.directory("c", "probes"))
     except CompileError as e:
-        raise BackendUnavailable(f"the C compiler {name} cannot build working shared libraries: {e}; {FIX}") from None
+        raise BackendUnavailable(f"{plain.name} cannot build working shared libraries: {e}; {FIX}") from None
     if not openmp:
         return plain
-    with_openmp = Toolchain(command, path, version, flags + ("-fopenmp",), True, fast)
+    with_openmp = CToolchain(command, path, version, flags + ("-fopenmp",), True, fast)
+    # Read once, when the OpenMP runtime loads, which this probe does first (backend.py).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
-        _check_probe(with_openmp, OPENMP_PROBE, 100, 4950)
+        check_probe(with_openmp, OPENMP_PROBE, 100, 4950, cache.directory("c", "probes"))
     except CompileError:
         return plain
     return with_openmp
-
-
-def _check_probe(tc: Toolchain, source: str, argument: int, expected: int) -> None:
-    """Builds ``source`` with ``tc``, loads it and checks ``ocannl_probe(argument)``."""
-    if tc.openmp:  # read once, when the OpenMP runtime loads: this probe loads it first (backend.py)
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    library = SharedLibrary(compile_shared(source, tc, kind="probes"), f"the C compiler {' '.join(tc.command)}")
-    got = library.function("ocannl_probe", ctypes.c_int, [ctypes.c_int])(argument)
-    if got != expected:
-        raise CompileError(f"its probe library {library.path} computed ocannl_probe({argument}) = {got}, not {expected}")
-    _probe_libraries.append(library)
 
 
 def _cpu_identity() -> str:
@@ -193,21 +121,7 @@ def _cpu_identity() -> str:
     return platform.processor() or platform.machine()
 
 
-def cache_key(source: str, tc: Toolchain) -> str:
-    h = hashlib.sha256()
-    for part in (source, tc.path, " ".join(tc.command), tc.version, " ".join(tc.flags + LINK_FLAGS)):
-        h.update(part.encode())
-        h.update(b"\0")
-    return h.hexdigest()
-
-
-def compile_shared(source: str, tc: Toolchain, *, kind: str = "") -> Path:
-    """The shared library built from ``source``: from the cache when its digest checks, else
-    compiled into it (into the subdirectory ``kind`` of ``<cache>/c``, e.g. ``probes`` for the
-    compiler checks)."""
-    directory = cache.directory("c", kind) if kind else cache.directory("c")
-    target = directory / f"{cache_key(source, tc)}.so"
-    if not cache.verified(target):
-        build_atomically([*tc.command, "-x", "c", "-", *tc.flags, *LINK_FLAGS, "-o", "{tmp}", "-lm"], source, target,
-                         f"the C compiler {' '.join(tc.command)}")
-    return target
+def compile_shared(source: str, tc: CToolchain) -> Path:
+    """The shared library built from ``source``: from ``<cache>/c`` when its digest checks, else
+    compiled into it."""
+    return build_shared(source, tc, cache.directory("c"))

@@ -28,11 +28,20 @@ an integer division by zero: the host raises the first recorded one after the ru
 position attributes. Every pointer
 has an address space (``device``; ``threadgroup`` arrays are declared in the kernel body).
 
+**Argument buffers.** A kernel binds at most :data:`MAX_BUFFERS` arguments in Metal's buffer
+table, and a fused kernel of a program of many small tensors (a network of scalar parameters,
+as micrograd builds) reads more. Such a kernel takes one argument instead, ``constant
+<kernel>_args& _args [[buffer(0)]]``: a struct declared before it holding every argument
+above, pointers as ``device T* name [[id(k)]]`` members and index symbols by value, which the
+host fills with the buffers' addresses (Metal 2 argument buffers; a Metal host writes the
+struct with an argument encoder or the buffers' GPU addresses). The kernel's first lines copy
+the members into locals of the usual names, so its body is printed as for any kernel. One
+kernel can then run any number of statements, and the statements of a grid point stay together.
+
 **Checked before printing** (spec/peers.md §4.3): no float64 anywhere (MSL has no ``double``: a
-:class:`~ocannl.lowlevel.dtypes.DTypeError` naming the tensor), at most 31 buffer arguments per
-kernel (a kernel over more is split between its statements; one statement over more is a
-:class:`KernelLimitError`), at most 1024 threads per threadgroup and 32 KiB of threadgroup
-memory.
+:class:`~ocannl.lowlevel.dtypes.DTypeError` naming the tensor), at most
+:data:`MAX_ARGUMENT_BUFFER_ENTRIES` arguments in an argument buffer, at most 1024 threads per
+threadgroup and 32 KiB of threadgroup memory.
 """
 
 from __future__ import annotations
@@ -59,7 +68,11 @@ from ocannl.lowlevel.schedule import reduction_of
 from ocannl.lowlevel.tnode import TNode, sanitize_identifier
 
 MAX_BUFFERS = 31
-"""Buffer arguments a Metal kernel may take (``[[buffer(0)]]`` to ``[[buffer(30)]]``)."""
+"""Buffer arguments a Metal kernel may take (``[[buffer(0)]]`` to ``[[buffer(30)]]``); a kernel
+that needs more takes an argument buffer (module docstring)."""
+MAX_ARGUMENT_BUFFER_ENTRIES = 500_000
+"""Buffers a kernel may reach through argument buffers on devices of tier 2 argument buffers
+(``MTLArgumentBuffersTier.tier2``: Apple silicon and the Metal 3 GPUs)."""
 MAX_THREADS_PER_THREADGROUP = 1024
 MAX_THREADGROUP_BYTES = 32 * 1024
 
@@ -110,6 +123,9 @@ class Kernel:
     threadgroup_bytes: int
     cooperative: bool
     text: str
+    argument_buffer: str | None = None
+    """The name of the struct the kernel's ``params`` travel in, as its one ``[[buffer(0)]]``
+    argument (module docstring, "Argument buffers"); ``None`` when each is an argument."""
 
 
 @dataclass(frozen=True)
@@ -223,7 +239,6 @@ class _Plan:
     extents: tuple[int, ...]
     comments: list[str] = field(default_factory=list)
     tree: TreeReduction | None = None
-    pinned: bool = False  # holds a local declared at the top level: cannot be split
 
 
 def plan_kernels(body: Stmt, options: Options) -> list[_Plan]:
@@ -264,9 +279,9 @@ def _partitioned(run: list[Stmt]) -> list[_Plan]:
     plans = []
     for k in partition(seq(*run)):
         if any(p.scatter for p in k.parts):  # one thread, in order (module docstring)
-            plans.append(_Plan([(p.stmt, ()) for p in k.parts], (), list(k.comments), pinned=bool(k.locals)))
+            plans.append(_Plan([(p.stmt, ()) for p in k.parts], (), list(k.comments)))
         else:
-            plans.append(_Plan([(p.body, p.grid) for p in k.parts], k.extents, list(k.comments), pinned=bool(k.locals)))
+            plans.append(_Plan([(p.body, p.grid) for p in k.parts], k.extents, list(k.comments)))
     return plans
 
 
@@ -287,27 +302,6 @@ def _positions_inside_local_lifetimes(statements: list[Stmt]) -> set[int]:
     for local, start in first.items():
         inside.update(range(start, last[local] + 1))
     return inside
-
-
-def _split_by_buffers(plan: _Plan) -> list[_Plan]:
-    """``plan`` cut between its statements so that each kernel takes at most
-    :data:`MAX_BUFFERS` arguments (running the statements one kernel after the other is what
-    the loop IR means anyway); a kernel holding top-level locals stays whole."""
-    if plan.pinned or plan.tree is not None or len(plan.parts) < 2 or _arguments(s for s, _ in plan.parts) <= MAX_BUFFERS:
-        return [plan]
-    out: list[_Plan] = []
-    for part in plan.parts:
-        if out and _arguments([s for s, _ in out[-1].parts] + [part[0]]) <= MAX_BUFFERS:
-            out[-1].parts.append(part)
-        else:
-            out.append(_Plan([part], plan.extents, [] if out else plan.comments))
-    return out
-
-
-def _arguments(statements) -> int:
-    """Buffer arguments a kernel running ``statements`` takes (counting a status buffer)."""
-    ir = RoutineIR("kernel", seq(*statements))
-    return len(set(ir.reads + ir.writes)) + len(ir.static_symbols) + 1
 
 
 def fills_as_loops(stmt: Stmt) -> Stmt:
@@ -362,12 +356,16 @@ def _filled(routine: RoutineIR) -> set[TNode]:
 def check_limits(kernel: Kernel, routine: str) -> None:
     """:class:`KernelLimitError` when ``kernel`` exceeds what a Metal device allows."""
     where = f"kernel {kernel.name} of routine {routine}"
-    if len(kernel.params) > MAX_BUFFERS:
-        names = ", ".join(p.node.debug_name if p.node else p.name for p in kernel.params)
-        raise KernelLimitError(
-            f"{where} takes {len(kernel.params)} buffer arguments ({names}), and Metal allows at most "
-            f"{MAX_BUFFERS}: split the computation so that one assignment reads fewer tensors"
-        )
+    limit = MAX_ARGUMENT_BUFFER_ENTRIES if kernel.argument_buffer else MAX_BUFFERS
+    if len(kernel.params) > limit:
+        names = [p.node.debug_name if p.node else p.name for p in kernel.params]
+        listed = ", ".join(names[:40]) + (f" and {len(names) - 40} more" if len(names) > 40 else "")
+        if kernel.argument_buffer:
+            what, fix = f"its argument buffer {kernel.argument_buffer} holds", "split the computation into smaller routines"
+        else:
+            what, fix = "takes", "pass them in an argument buffer"
+        raise KernelLimitError(f"{where} {what} {len(kernel.params)} buffer arguments ({listed}), and Metal "
+                               f"allows at most {limit}: {fix}")
     if kernel.threads_per_threadgroup > MAX_THREADS_PER_THREADGROUP:
         raise KernelLimitError(
             f"{where} has {kernel.threads_per_threadgroup} threads per threadgroup, and Metal allows at most "
@@ -394,12 +392,12 @@ def emit_metal(routine: RoutineIR, options: Options = Options()) -> MetalProgram
     """The ``.metal`` source of ``routine`` and its launch plan (module docstring)."""
     check_dtypes(routine)
     lowered = RoutineIR(routine.name, fills_as_loops(routine.body))
-    plans = [piece for plan in plan_kernels(lowered.body, options) for piece in _split_by_buffers(plan)]
+    plans = plan_kernels(lowered.body, options)
     prefix = kernel_prefix(routine.name)
     names = [f"{prefix}_k{k}" for k in range(len(plans))]
     syntax = MetalSyntax()
     sites: list[Site] = []
-    reserved = set(names)
+    reserved = set(names) | {f"{name}_args" for name in names}  # the argument buffers' structs
     kernels = []
     emitter = None
     for plan, name in zip(plans, names):
@@ -454,18 +452,23 @@ class _KernelPrinter:
         params += [Param(e.symbols[s], "symbol", "long", symbol=s) for s in sorted(ir.static_symbols, key=lambda s: s.name)]
         if any(re.search(r"\b_status\b", line) for line in body):
             params.append(Param("_status", "status", "atomic_int", writable=True))
-        declarations = []
-        for k, p in enumerate(params):
-            if p.kind == "symbol":
-                declarations.append(f"constant long& {p.name} [[buffer({k})]]")
-            else:
-                const = "" if p.writable else "const "
-                declarations.append(f"device {const}{p.msl_type}* {p.name} [[buffer({k})]]")
+        lines = [f"/* {comment_text(c)} */" for c in plan.comments]
+        argument_buffer = None
+        if len(params) <= MAX_BUFFERS:
+            declarations = [f"{_declaration(p)} [[buffer({k})]]" for k, p in enumerate(params)]
+        else:
+            argument_buffer = f"{self.name}_args"
+            lines.append(f"/* the {len(params)} arguments of {self.name}, more than the {MAX_BUFFERS} a kernel binds: "
+                         f"one argument buffer */")
+            lines.append(f"struct {argument_buffer} {{")
+            lines += [f"  {_declaration(p, member=True)} [[id({k})]];" for k, p in enumerate(params)]
+            lines.append("};")
+            declarations = [f"constant {argument_buffer}& _args [[buffer(0)]]"]
+            body = [f"  {_declaration(p, member=True)} = _args.{p.name};" for p in params] + body
         position_names = {"thread_position_in_grid": "gid", "threadgroup_position_in_grid": "gid",
                           "thread_position_in_threadgroup": "lid"}
         declarations += [f"uint3 {position_names[a]} [[{a}]]" for a in positions]
         grid = " x ".join(map(str, plan.extents)) or "1"
-        lines = [f"/* {comment_text(c)} */" for c in plan.comments]
         launch = f"{groups} threadgroup{'s' if groups != 1 else ''} of {threads} thread{'s' if threads != 1 else ''}"
         what = "a threadgroup reduction per cell" if plan.tree is not None else "one thread per point"
         lines.append(f"/* grid {grid}: {what}, {launch} */")
@@ -474,7 +477,7 @@ class _KernelPrinter:
         lines += body
         lines.append("}")
         return Kernel(self.name, tuple(params), positions, groups, threads, scratch, plan.tree is not None,
-                      "\n".join(lines))
+                      "\n".join(lines), argument_buffer)
 
     # -- the grid point ----------------------------------------------------------------------------
 
@@ -549,6 +552,15 @@ class _KernelPrinter:
         lines += e.statement_lines(Store(store.tnode, store.indices, value), bound, 2)
         lines.append("  }")
         return lines, threads * dtype.itemsize
+
+
+def _declaration(p: Param, member: bool = False) -> str:
+    """``p`` declared as a kernel parameter, or as a member of an argument buffer (and as the
+    local the kernel copies it to): an index symbol is then held by value."""
+    if p.kind == "symbol":
+        return f"long {p.name}" if member else f"constant long& {p.name}"
+    const = "" if p.writable else "const "
+    return f"device {const}{p.msl_type}* {p.name}"
 
 
 def _unflatten(flat: str, extents: tuple[int, ...]) -> list[str]:

@@ -6,7 +6,9 @@ the sanitizer builds (shared/spec/peers.md §4.2-4.3).
 followed by host code the harness appends: one thunk per kernel, calling it as thread ``lane``
 of threadgroup ``group`` with its arguments unpacked, and ``ocannl_routine(buffers, symbols)``,
 which dispatches the kernels in order through ``shim/launcher.cpp`` and returns the status (0,
-or the number of the first runtime check that failed).
+or the number of the first runtime check that failed). A kernel taking an argument buffer
+(emit.py) gets what a Metal host encodes: its struct, filled with the buffers' addresses and the
+symbols' values, passed as its one buffer.
 
 **The compiler** is ``OCANNL_METAL_CXX`` (a command line), else ``CXX``, else the first of
 ``g++``, ``clang++``, ``c++`` on ``PATH``; it needs C++20 and ``<barrier>`` (g++ 11, clang 14
@@ -17,13 +19,13 @@ rewrite for constant exponents: ``x * x`` for 2, ``sqrt`` in vector code for 0.5
 attributes silenced (the Metal ones). The launcher is compiled once per toolchain into an object file.
 
 **The cache**: ``<cache>/metal/<key>.so`` in the shared kernel cache (``ocannl/backends/cache.py``:
-private directories, each file verified against its recorded sha256 before use), with the C
-backend's key (sha256 of the source, which here includes the shim and the launcher, the
-compiler's path and version, and the flags).
+private directories, each file verified against its recorded sha256 before use), keyed as
+every compiled library (``ocannl/backends/toolchain.py``: sha256 of the source, which here
+includes the shim and the launcher, the compiler's path and version, and the flags).
 
 **The probe** builds the launcher and a small C++20 library using ``<barrier>``, loads it and
-checks what it computes; the result is remembered per compiler command, executable identity,
-sanitizer setting and cache directory.
+checks what it computes (the mechanism of ``ocannl/backends/toolchain.py``); the verdict is
+remembered per compiler command, executable identity, sanitizer setting and cache directory.
 
 **Sanitizers** (``OCANNL_METAL_SANITIZE=address,undefined`` or ``=thread``): a sanitizer runtime
 cannot join the Python process, so the routine is linked with ``shim/driver.cpp`` into an
@@ -39,21 +41,22 @@ import shlex
 import shutil
 import subprocess
 import tempfile
-import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 import numpy as np
 
 from ocannl import config
 from ocannl.backends import cache
-from ocannl.backends.c.compiler import cache_key, executable_identity
-from ocannl.backends.cache import CacheError, build_atomically
+from ocannl.backends.metal.emit import Kernel, MetalProgram, Param
 from ocannl.backends.shared_library import SharedLibrary
-from ocannl.backends.metal.emit import Kernel, MetalProgram
+from ocannl.backends.toolchain import (
+    LINK_FLAGS, Toolchain, cache_key, check_probe, compiler_version, find_compiler, probed,
+)
 from ocannl.errors import BackendUnavailable, CompileError, OcannlError
-from ocannl.lowlevel.tnode import sanitize_identifier
+from ocannl.lowlevel.indexing import IndexSymbol
+from ocannl.lowlevel.tnode import TNode, sanitize_identifier
 
 SHIM_DIR = Path(__file__).resolve().parent / "shim"
 CANDIDATES = ("g++", "clang++", "c++")
@@ -75,46 +78,13 @@ class SanitizerError(OcannlError):
 
 
 @dataclass(frozen=True)
-class Toolchain:
-    """A C++ compiler for the shim: command line, resolved path, ``--version`` text, flags
-    (the attributes :func:`ocannl.backends.c.compiler.cache_key` reads), and ``sanitize``."""
+class ShimToolchain(Toolchain):
+    """A C++ compiler for the shim and its flags; ``sanitize``: the sanitizer build it makes."""
 
-    command: tuple[str, ...]
-    path: str
-    version: str
-    flags: tuple[str, ...]
     sanitize: str | None = None
 
-    @property
-    def is_clang(self) -> bool:
-        return "clang" in self.version.lower()
-
-    @property
-    def description(self) -> str:
-        first = self.version.splitlines()[0] if self.version else "unknown version"
-        return f"{' '.join(self.command)}: {first}"
-
-
-_lock = threading.Lock()
-_toolchains: dict[tuple, Toolchain | BackendUnavailable] = {}
-_probe_libraries: list[SharedLibrary] = []
-"""The probes' libraries stay loaded, keeping the C++ runtime mapped for the process."""
-
-
-def find_compiler() -> tuple[str, ...]:
-    """The compiler command: the ``metal_cxx`` setting, else ``CXX``, else the first of
-    :data:`CANDIDATES` on ``PATH``."""
-    for variable, value in (("OCANNL_METAL_CXX", config.get("metal_cxx")), ("CXX", os.environ.get("CXX"))):
-        cxx = (value or "").strip()
-        if cxx:
-            command = tuple(shlex.split(cxx))
-            if shutil.which(command[0]) is None:
-                raise BackendUnavailable(f"{variable}={cxx!r} names no executable: {FIX}")
-            return command
-    for name in CANDIDATES:
-        if shutil.which(name) is not None:
-            return (name,)
-    raise BackendUnavailable(f"no C++ compiler found (none of {', '.join(CANDIDATES)} is on PATH): {FIX}")
+    what: ClassVar[str] = "C++ compiler"
+    language: ClassVar[str] = "c++"
 
 
 def sanitize_setting() -> str | None:
@@ -129,47 +99,30 @@ def sanitize_setting() -> str | None:
     return value
 
 
-def toolchain(sanitize: str | None = None) -> Toolchain:
-    """The compiler for the current settings, probed once per process and setting (building
-    the launcher checks C++20 and ``<barrier>``); :class:`BackendUnavailable` when none works."""
-    command = find_compiler()
-    key = (command, executable_identity(command[0]), sanitize, str(cache.root()))
-    with _lock:
-        found = _toolchains.get(key)
-        if found is None:
-            try:
-                found = _probe(command, sanitize)
-            except CacheError:
-                raise  # about the cache, not the compiler: not remembered
-            except BackendUnavailable as e:
-                found = e
-            _toolchains[key] = found
-    if isinstance(found, BackendUnavailable):
-        raise found
-    return found
+def toolchain(sanitize: str | None = None) -> ShimToolchain:
+    """The compiler for the current settings (the ``metal_cxx`` setting, else ``CXX``, else the
+    first of :data:`CANDIDATES` on ``PATH``), probed once per process and setting (building the
+    launcher checks C++20 and ``<barrier>``); :class:`BackendUnavailable` when none works."""
+    settings = [("OCANNL_METAL_CXX", config.get("metal_cxx")), ("CXX", os.environ.get("CXX"))]
+    command = find_compiler(settings, CANDIDATES, "C++ compiler", FIX)
+    return probed("metal", command, (sanitize,), lambda: _probe(command, sanitize))
 
 
-def _probe(command: tuple[str, ...], sanitize: str | None) -> Toolchain:
-    try:
-        result = subprocess.run([*command, "--version"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise BackendUnavailable(f"the C++ compiler {' '.join(command)} cannot run ({e}): {FIX}") from None
-    if result.returncode != 0:
-        raise BackendUnavailable(f"`{' '.join(command)} --version` failed: {result.stderr.strip()[:200]}; {FIX}")
-    version = result.stdout.strip()
+def _probe(command: tuple[str, ...], sanitize: str | None) -> ShimToolchain:
+    version = compiler_version(command, "C++ compiler", FIX)
     silence = "-Wno-unknown-attributes" if "clang" in version.lower() else "-Wno-attributes"
     flags = BASE_FLAGS + (silence,)
     if sanitize:
         flags = tuple(f for f in flags if f != "-O2") + ("-O1", "-g") + SANITIZERS[sanitize]
-    tc = Toolchain(command, shutil.which(command[0]) or command[0], version, flags, sanitize)
+    tc = ShimToolchain(command, shutil.which(command[0]) or command[0], version, flags, sanitize)
     try:
         support_object(tc, "launcher.cpp")
         if sanitize:
             support_object(tc, "driver.cpp")  # a sanitizer runtime cannot be loaded here: no load check
         else:
-            _check_probe(tc)
+            check_probe(tc, PROBE, 13, 40, cache.directory("metal", "probes"))
     except CompileError as e:
-        raise BackendUnavailable(f"the C++ compiler {' '.join(command)} cannot build the Metal shim: {e}; {FIX}") from None
+        raise BackendUnavailable(f"{tc.name} cannot build the Metal shim: {e}; {FIX}") from None
     return tc
 
 
@@ -184,29 +137,12 @@ extern "C" int ocannl_probe(int x) {
 """
 
 
-def _check_probe(tc: Toolchain) -> None:
-    """Builds :data:`PROBE` as a shared object, loads it and checks what it computes."""
-    target = cache.directory("metal", "probes") / f"{cache_key(PROBE, tc)}.so"
-    if not cache.verified(target):
-        _run_compiler([*tc.command, *tc.flags, "-shared", "-fPIC", "-x", "c++", "-", "-o", "{tmp}"], PROBE, target)
-    library = SharedLibrary(target, f"the C++ compiler {' '.join(tc.command)}")
-    got = library.function("ocannl_probe", ctypes.c_int, [ctypes.c_int])(13)
-    if got != 40:
-        raise CompileError(f"its probe library {target} computed ocannl_probe(13) = {got}, not 40")
-    _probe_libraries.append(library)
-
-
-def _run_compiler(cmd: list[str], source: str | None, target: Path) -> None:
-    """Runs ``cmd`` (whose output is ``{tmp}``) into the cache file ``target``."""
-    build_atomically(cmd, source, target, f"the C++ compiler {cmd[0]}")
-
-
-def support_object(tc: Toolchain, file: str) -> Path:
+def support_object(tc: ShimToolchain, file: str) -> Path:
     """``shim/<file>`` compiled into an object file, once per toolchain (cached)."""
     path = SHIM_DIR / file
     target = cache.directory("metal", "support") / f"{path.stem}-{cache_key(path.read_text(), tc)}.o"
     if not cache.verified(target):
-        _run_compiler([*tc.command, *tc.flags, "-fPIC", "-c", str(path), "-o", "{tmp}"], None, target)
+        cache.build_atomically([*tc.command, *tc.flags, "-fPIC", "-c", str(path), "-o", "{tmp}"], None, target, tc.name)
     return target
 
 
@@ -215,7 +151,7 @@ def shim_text() -> str:
     return "".join((SHIM_DIR / f).read_text() for f in ("metal_shim.hpp", "metal_stdlib", "launcher.cpp", "driver.cpp"))
 
 
-def build(program: MetalProgram, tc: Toolchain, text: str | None = None) -> Path:
+def build(program: MetalProgram, tc: ShimToolchain, text: str | None = None) -> Path:
     """The routine compiled for the CPU: a shared object, or with ``tc.sanitize`` an executable
     (from the cache when already built). ``text`` replaces the program's ``.metal`` text (the
     tests mutate kernels this way); the launch plan stays the program's."""
@@ -230,13 +166,13 @@ def build(program: MetalProgram, tc: Toolchain, text: str | None = None) -> Path
         objects.append(str(support_object(tc, "driver.cpp")))
         link = []
     else:
-        link = ["-shared", "-fPIC"]
+        link = list(LINK_FLAGS)
     cmd = [*tc.command, *tc.flags, *link, "-I", str(SHIM_DIR), "-x", "c++", "-", "-x", "none", *objects, "-o", "{tmp}"]
-    _run_compiler(cmd, source, target)
+    cache.build_atomically(cmd, source, target, tc.name)
     return target
 
 
-def parse_only(text: str, tc: Toolchain) -> None:
+def parse_only(text: str, tc: ShimToolchain) -> None:
     """Checks that ``text`` (a ``.metal`` source) parses as C++20 against the shim."""
     cmd = [*tc.command, *tc.flags, "-fsyntax-only", "-I", str(SHIM_DIR), "-x", "c++", "-"]
     result = subprocess.run(cmd, input=text, capture_output=True, text=True, timeout=600)
@@ -259,7 +195,10 @@ def translation_unit(program: MetalProgram, text: str) -> str:
              "                                     unsigned, int);", ""]
     for k, kernel in enumerate(program.kernels):
         lines.append(f"static void ocannl_thunk_{k}(void* const* a, unsigned group, unsigned lane) {{")
-        args = [_argument(p.kind, p.msl_type, j) for j, p in enumerate(kernel.params)]
+        if kernel.argument_buffer:
+            args = [f"*(const {kernel.argument_buffer}*)a[0]"]
+        else:
+            args = [_argument(p.kind, p.msl_type, j) for j, p in enumerate(kernel.params)]
         args += [_position(attribute, kernel) for attribute in kernel.positions]
         lines.append(f"  {kernel.name}({', '.join(args)});")
         lines.append("}")
@@ -267,15 +206,15 @@ def translation_unit(program: MetalProgram, text: str) -> str:
     lines.append('extern "C" int ocannl_routine(void* const* buffers, const long* symbols) {')
     lines.append("  atomic_int status = {0};")
     for k, kernel in enumerate(program.kernels):
-        pointers = []
-        for p in kernel.params:
-            if p.kind == "buffer":
-                pointers.append(f"buffers[{slots[p.node]}]")
-            elif p.kind == "symbol":
-                pointers.append(f"(void*)&symbols[{symbols[p.symbol]}]")
-            else:
-                pointers.append("(void*)&status")
         lines.append(f"  {{  /* {kernel.name} */")
+        if kernel.argument_buffer:
+            # What a Metal host encodes: each buffer's address (a symbol's value) in its member,
+            # the struct bound as the kernel's one buffer.
+            members = [_member(p, slots, symbols) for p in kernel.params]
+            lines.append(f"    const {kernel.argument_buffer} arguments = {{{', '.join(members)}}};")
+            pointers = ["(void*)&arguments"]
+        else:
+            pointers = [_pointer(p, slots, symbols) for p in kernel.params]
         lines.append(f"    void* const args[] = {{{', '.join(pointers) or 'nullptr'}}};")
         lines.append(f"    ocannl_shim_dispatch(&ocannl_thunk_{k}, args, {kernel.threadgroups}u, "
                      f"{kernel.threads_per_threadgroup}u, {int(kernel.cooperative)});")
@@ -283,6 +222,23 @@ def translation_unit(program: MetalProgram, text: str) -> str:
     lines.append("  return atomic_load_explicit(&status, memory_order_relaxed);")
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def _pointer(p: Param, slots: dict[TNode, int], symbols: dict[IndexSymbol, int]) -> str:
+    """The address the host passes for kernel argument ``p``."""
+    if p.kind == "buffer":
+        return f"buffers[{slots[p.node]}]"
+    if p.kind == "symbol":
+        return f"(void*)&symbols[{symbols[p.symbol]}]"
+    return "(void*)&status"
+
+
+def _member(p: Param, slots: dict[TNode, int], symbols: dict[IndexSymbol, int]) -> str:
+    """The value of ``p``'s member of an argument buffer: a typed address, or a symbol's value."""
+    if p.kind == "symbol":
+        return f"symbols[{symbols[p.symbol]}]"
+    const = "" if p.writable else "const "
+    return f"({const}{p.msl_type}*){_pointer(p, slots, symbols)}"
 
 
 def _argument(kind: str, msl_type: str, j: int) -> str:
@@ -351,7 +307,7 @@ class SanitizedExecutable:
             return int(result.stdout.strip() or 0)
 
 
-def load(program: MetalProgram, tc: Toolchain, text: str | None = None) -> Library | SanitizedExecutable:
+def load(program: MetalProgram, tc: ShimToolchain, text: str | None = None) -> Library | SanitizedExecutable:
     path = build(program, tc, text)
     return SanitizedExecutable(path, tc.sanitize) if tc.sanitize else Library(path)
 
