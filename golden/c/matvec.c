@@ -40,3 +40,21 @@ int matvec_packed(void *const *_buffers, const int64_t *_symbols) {
       _buffers[1],
       _buffers[2]);
 }
+
+int matvec_steps(void *const *_buffers, const int64_t *_steps, int64_t _n, int64_t _n_records,
+    void *const *_record_src, char *const *_record_dst, const int64_t *_record_bytes,
+    int64_t *_failed_step) {
+  for (int64_t _i = 0; _i < _n; ++_i) {
+    int _status = matvec(
+        _buffers[0],
+        _buffers[1],
+        _buffers[2]);
+    if (_status) {
+      *_failed_step = _i;
+      return _status;
+    }
+    for (int64_t _r = 0; _r < _n_records; ++_r)
+      memcpy(_record_dst[_r] + _i * _record_bytes[_r], _record_src[_r], (size_t)_record_bytes[_r]);
+  }
+  return 0;
+}

@@ -18,10 +18,7 @@ inline uint4 ocannl_threefry4x32(uint4 key, uint4 counter) {
   return uint4(x0, x1, x2, x3);
 }
 inline uint4 ocannl_uint4x32_of(ulong x) { return uint4(uint(x), uint(x >> 32), 0u, 0u); }
-inline uint4 ocannl_uint4x32_of(long x) { return ocannl_uint4x32_of(ulong(x)); }  /* sign-extended */
-inline uint4 ocannl_uint4x32_of(int x) { return ocannl_uint4x32_of(ulong(long(x))); }
-inline uint4 ocannl_uint4x32_of(uint x) { return ocannl_uint4x32_of(ulong(x)); }
-inline float ocannl_uniform1(uint4 x) { return float(x.x >> 8) * 5.9604644775390625e-8f; }  /* 2^-24 */
+inline float ocannl_uniform1(uint4 x) { return float(x.x >> 8) * 5.9604645e-08f; }
 
 /* grid 3 x 4: one thread per point, 1 threadgroup of 12 threads */
 kernel void uniform_init_k0(

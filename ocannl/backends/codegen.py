@@ -53,7 +53,7 @@ from ocannl.lowlevel.indexing import Affine, AnySymbol, AxisIndex, Fixed, IndexS
 from ocannl.lowlevel.ir import (
     Binary, Cast, Comment, Const, DeclareLocal, EmbedIndex, Expr, Fill, For, GetLocal, Load, LoadDynamic, Local,
     LocalScope, LoopKind, Namer, RoutineIR, Seq, SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary,
-    format_routine, format_stmt, iter_exprs, iter_stmts, seq, stmt_exprs,
+    format_routine, format_stmt, iter_exprs, iter_stmts, seq, stmt_exprs, total_over_executions,
 )
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
 from ocannl.lowlevel.schedule import block_terms, blocked_reduction_of, reduction_of
@@ -363,15 +363,9 @@ def _self_contained(stmt: Stmt) -> bool:
 
 
 def work(stmt: Stmt) -> int:
-    """The number of innermost statement executions of ``stmt`` (a loop nest's cost)."""
-    match stmt:
-        case For(extent=n, body=body):
-            return n * work(body)
-        case Seq(stmts=stmts):
-            return sum(work(s) for s in stmts)
-        case Fill(tnode=t):
-            return t.size
-    return 1
+    """The number of innermost statement executions of ``stmt`` (a loop nest's cost); a fill
+    counts one per cell."""
+    return total_over_executions(stmt, lambda s: s.tnode.size if isinstance(s, Fill) else 1)
 
 
 def parallel_safe(loop: For) -> bool:

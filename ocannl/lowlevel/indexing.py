@@ -10,7 +10,6 @@ This module knows nothing of tensors or shapes, so the compiler half can use it 
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from typing import Callable, Union
 
@@ -18,14 +17,7 @@ from ocannl import session
 from ocannl.errors import IndexBindingError
 from ocannl.lowlevel.identifiers import sanitize_identifier
 
-_symbol_ids = itertools.count(1)
-
-
-@session.on_reset
-def reset_symbol_ids() -> None:
-    """Restart symbol numbering (part of resetting the session state between tests)."""
-    global _symbol_ids
-    _symbol_ids = itertools.count(1)
+_symbol_ids = session.Counter()
 
 
 @dataclass(frozen=True, eq=False)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Iterator, Union
+from typing import Callable, Iterator, Union
 
 from ocannl.errors import ShapeError
 from ocannl.lowlevel import dtypes
@@ -385,6 +385,25 @@ def iter_exprs(e: Expr) -> Iterator[Expr]:
                 stack.extend((b, a))
             case Ternary(a=a, b=b, c=c):
                 stack.extend((c, b, a))
+
+
+def total_over_executions(stmt: Stmt, weight: Callable[[Stmt], int]) -> int:
+    """``weight(s)`` summed over every execution of every statement ``s`` of ``stmt`` that is
+    neither a loop nor a sequence (a loop repeats its body's total ``extent`` times). With a
+    weight of 1 it is the number of innermost statements a nest runs, its cost; with the terms
+    each statement adds, the number of terms of a reduction (``schedule.block_terms``)."""
+    total = 0
+    stack: list[tuple[Stmt, int]] = [(stmt, 1)]
+    while stack:
+        s, times = stack.pop()
+        match s:
+            case For(extent=n, body=body):
+                stack.append((body, times * n))
+            case Seq(stmts=stmts):
+                stack.extend((x, times) for x in stmts)
+            case _:
+                total += times * weight(s)
+    return total
 
 
 def nesting(node: Stmt | Expr) -> int:

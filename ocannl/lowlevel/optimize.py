@@ -49,7 +49,7 @@ import numpy as np
 
 from ocannl import config
 from ocannl.lowlevel import dtypes
-from ocannl.lowlevel.analysis import normalize_index, substitute_index
+from ocannl.lowlevel.analysis import normalize_index
 from ocannl.lowlevel.dtypes import DType
 from ocannl.lowlevel.indexing import Affine, AnySymbol, AxisIndex, Fixed, IndexSymbol, Iter, Symbol
 from ocannl.lowlevel.ir import (
@@ -58,6 +58,7 @@ from ocannl.lowlevel.ir import (
     nesting, seq, stmt_exprs,
 )
 from ocannl.lowlevel.op_semantics import fold_binary, fold_unary
+from ocannl.lowlevel.rewrite import FreshCopy, Rewriter, rebuilt
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
 from ocannl.lowlevel.tnode import MemoryMode, TNode
 
@@ -283,74 +284,9 @@ def _child_exprs(e: Expr) -> tuple[Expr, ...]:
     raise TypeError(f"the optimizer does not know the expression {e!r}")
 
 
-def _rebuilt(obj: Any, **changes: Any) -> Any:
-    """``obj`` with fields changed, or ``obj`` itself when every new value is the old one."""
-    if all(getattr(obj, k) is v for k, v in changes.items()):
-        return obj
-    return replace(obj, **changes)
-
-
 def _seq(stmts: Iterable[Stmt]) -> Stmt:
     """A sequence of ``stmts`` with nested and empty sequences flattened away."""
     return seq(*stmts)
-
-
-class _Rewriter:
-    """Rebuilds statements and expressions bottom-up, sharing what does not change. Subclasses
-    override :meth:`stmt`, :meth:`expr` or :meth:`index` and call the ``rebuild_*`` methods to
-    recurse."""
-
-    def stmt(self, s: Stmt) -> Stmt:
-        return self.rebuild_stmt(s)
-
-    def expr(self, e: Expr) -> Expr:
-        return self.rebuild_expr(e)
-
-    def index(self, i: AxisIndex) -> AxisIndex:
-        return i
-
-    def indices(self, idx: tuple[AxisIndex, ...]) -> tuple[AxisIndex, ...]:
-        new = tuple(self.index(i) for i in idx)
-        return idx if all(a is b for a, b in zip(new, idx)) else new
-
-    def rebuild_stmt(self, s: Stmt) -> Stmt:
-        match s:
-            case For(body=body):
-                return _rebuilt(s, body=self.stmt(body))
-            case Seq(stmts=stmts):
-                parts = [self.stmt(x) for x in stmts]
-                if all(a is b for a, b in zip(parts, stmts)):
-                    return s
-                return _seq(parts)
-            case Store(indices=indices, value=value):
-                return _rebuilt(s, indices=self.indices(indices), value=self.expr(value))
-            case StoreDynamic(position=p, indices=indices, value=value):
-                return _rebuilt(s, position=self.expr(p), indices=self.indices(indices), value=self.expr(value))
-            case Fill() | Comment() | DeclareLocal():
-                return s
-            case SetLocal(value=value):
-                return _rebuilt(s, value=self.expr(value))
-        raise TypeError(f"the optimizer does not know the statement {s!r}")
-
-    def rebuild_expr(self, e: Expr) -> Expr:
-        match e:
-            case Const() | GetLocal():
-                return e
-            case Load(indices=indices):
-                return _rebuilt(e, indices=self.indices(indices))
-            case LoadDynamic(position=p, indices=indices):
-                return _rebuilt(e, position=self.expr(p), indices=self.indices(indices))
-            case Unary(x=x) | Cast(x=x):
-                return _rebuilt(e, x=self.expr(x))
-            case Binary(a=a, b=b):
-                return _rebuilt(e, a=self.expr(a), b=self.expr(b))
-            case Ternary(a=a, b=b, c=c):
-                return _rebuilt(e, a=self.expr(a), b=self.expr(b), c=self.expr(c))
-            case EmbedIndex(index=index):
-                return _rebuilt(e, index=self.index(index))
-            case LocalScope(body=body):
-                return _rebuilt(e, body=self.stmt(body))
-        raise TypeError(f"the optimizer does not know the expression {e!r}")
 
 
 def _with_body(routine: RoutineIR, body: Stmt) -> RoutineIR:
@@ -674,7 +610,7 @@ def _injective(indices: tuple[AxisIndex, ...], loops: tuple[Symbol, ...]) -> boo
     return set(loops) <= used
 
 
-class _InlineReads(_Rewriter):
+class _InlineReads(Rewriter):
     """Replaces every read of the plan's node by a local scope computing that cell."""
 
     def __init__(self, plan: _Plan, producers: list[Stmt]):
@@ -692,51 +628,32 @@ class _InlineReads(_Rewriter):
         return LocalScope(local, _seq(copy.stmt(p) for p in self.producers))
 
 
-class _CopyProducer(_Rewriter):
+class _CopyProducer(FreshCopy):
     """A producer rewritten for one read: bound loops dropped (their index substituted), other
     loops and inner locals renamed, stores of the node assigning the local."""
 
     def __init__(self, plan: _Plan, local: Local, env: dict[AnySymbol, AxisIndex]):
-        self.plan, self.local, self.env = plan, local, env
-        self.locals: dict[Local, Local] = {}
-
-    def _local(self, old: Local) -> Local:
-        return self.locals.setdefault(old, Local(old.dtype))
-
-    def index(self, i: AxisIndex) -> AxisIndex:
-        return substitute_index(i, self.env)
+        super().__init__(env)
+        self.plan, self.local = plan, local
 
     def stmt(self, s: Stmt) -> Stmt:
         node = self.plan.node
         match s:
             case For(symbol=symbol, body=body) if symbol in self.plan.bound:
                 return self.stmt(body)
-            case For(symbol=symbol, body=body):
-                fresh = Symbol()
-                self.env[symbol] = Iter(fresh)
-                return replace(s, symbol=fresh, body=self.stmt(body))
             case Store(tnode=t, value=value) if t is node:
                 return SetLocal(self.local, self.expr(value))
             case Fill(tnode=t, value=value) if t is node:
                 return SetLocal(self.local, value)
             case Comment():
                 return Seq(())
-            case DeclareLocal(local=old):
-                return DeclareLocal(self._local(old))
-            case SetLocal(local=old, value=value):
-                return SetLocal(self._local(old), self.expr(value))
-        return self.rebuild_stmt(s)
+        return super().stmt(s)
 
     def expr(self, e: Expr) -> Expr:
-        match e:
-            case Load(tnode=t, indices=indices) if t is self.plan.node:
-                assert indices == self.plan.pattern
-                return GetLocal(self.local)
-            case GetLocal(local=old):
-                return GetLocal(self.locals.get(old, old))
-            case LocalScope(local=old, body=body):
-                return LocalScope(self._local(old), self.stmt(body))
-        return self.rebuild_expr(e)
+        if isinstance(e, Load) and e.tnode is self.plan.node:
+            assert e.indices == self.plan.pattern
+            return GetLocal(self.local)
+        return super().expr(e)
 
 
 # =============================================================================================
@@ -764,7 +681,7 @@ def simplify(routine: RoutineIR) -> RoutineIR:
     return _with_body(routine, _Simplifier().stmt(routine.body))
 
 
-class _Simplifier(_Rewriter):
+class _Simplifier(Rewriter):
     def index(self, i: AxisIndex) -> AxisIndex:
         return normalize_index(i)
 
@@ -828,7 +745,7 @@ def _unconditional_local(e: Expr, local: Local) -> bool:
     return any(isinstance(x, GetLocal) and x.local is local for x in _unconditional(e))
 
 
-class _ReplaceLocal(_Rewriter):
+class _ReplaceLocal(Rewriter):
     def __init__(self, local: Local, value: Expr):
         self.local, self.value = local, value
 
@@ -933,10 +850,10 @@ def eliminate_common_subexpressions(routine: RoutineIR) -> RoutineIR:
     return _with_body(routine, _CSE().stmt(routine.body))
 
 
-class _CSE(_Rewriter):
+class _CSE(Rewriter):
     def stmt(self, s: Stmt) -> Stmt:
         if isinstance(s, For):
-            return _rebuilt(s, body=_seq(self.sequence(top_level(s.body))))
+            return rebuilt(s, body=_seq(self.sequence(top_level(s.body))))
         return _seq(self.sequence(top_level(s)))
 
     def sequence(self, stmts: Iterable[Stmt]) -> list[Stmt]:
@@ -1096,7 +1013,7 @@ class _Keyer:
         return x
 
 
-class _ReplaceByKey(_Rewriter):
+class _ReplaceByKey(Rewriter):
     """Replaces the sub-expressions with a given key (not inside local scopes' bodies)."""
 
     def __init__(self, key: Any, value: Expr, keys: _KeyCache):
@@ -1120,7 +1037,7 @@ def form_fma(routine: RoutineIR) -> RoutineIR:
     return _with_body(routine, _FMA().stmt(routine.body))
 
 
-class _FMA(_Rewriter):
+class _FMA(Rewriter):
     def expr(self, e: Expr) -> Expr:
         e = self.rebuild_expr(e)
         if isinstance(e, Binary) and e.op is Binop.ADD and e.dtype.is_float:

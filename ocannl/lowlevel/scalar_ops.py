@@ -20,7 +20,7 @@ meaning of each one, for float operands of a compute type (dtypes.py):
   the three-operand einsum's product).
 
 On integers, ``div`` and ``mod`` truncate toward zero as C does and every result wraps around;
-the transcendental ops and ``pow`` are float-only (:attr:`Unop.float_only`).
+the transcendental ops, the reciprocals and ``pow`` are float-only (:data:`FLOAT_ONLY_OPS`).
 
 The PRNG operators (:data:`PRNG_OPS`) are the only ones on uint4x32 values and have their own
 types: ``threefry4x32 key counter`` (uint4x32, uint4x32 -> uint4x32), ``uniform1 x`` (uint4x32 ->
@@ -43,7 +43,21 @@ from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.dtypes import DType
 
 
-class Unop(enum.Enum):
+class _Operator(enum.Enum):
+    """What every operator answers, whichever of the three enums it is in."""
+
+    @property
+    def arity(self) -> int:
+        """How many operands it takes: 1, 2 or 3, by its enum."""
+        return _ARITIES[type(self)]
+
+    @property
+    def float_only(self) -> bool:
+        """Whether it is defined on float operands only (:data:`FLOAT_ONLY_OPS`)."""
+        return self in FLOAT_ONLY_OPS
+
+
+class Unop(_Operator):
     ID = "id"
     RELU = "relu"
     SAT01 = "sat01"
@@ -64,17 +78,8 @@ class Unop(enum.Enum):
     UNIFORM1 = "uniform1"
     UINT4X32_OF = "uint4x32_of"
 
-    @property
-    def arity(self) -> int:
-        return 1
 
-    @property
-    def float_only(self) -> bool:
-        exact = (Unop.ID, Unop.RELU, Unop.SAT01, Unop.NEG, Unop.ABS, Unop.NOT)
-        return self not in exact and self not in PRNG_OPS
-
-
-class Binop(enum.Enum):
+class Binop(_Operator):
     ADD = "add"
     SUB = "sub"
     MUL = "mul"
@@ -92,14 +97,6 @@ class Binop(enum.Enum):
     AND = "and"
     OR = "or"
     THREEFRY4X32 = "threefry4x32"
-
-    @property
-    def arity(self) -> int:
-        return 2
-
-    @property
-    def float_only(self) -> bool:
-        return self is Binop.POW
 
     @property
     def symbol(self) -> str:
@@ -120,21 +117,22 @@ _BINOP_SYMBOLS = {
 }  # fmt: skip
 
 
-class Ternop(enum.Enum):
+class Ternop(_Operator):
     WHERE = "where"
     FMA = "fma"
     MUL3 = "mul3"
 
-    @property
-    def arity(self) -> int:
-        return 3
-
-    @property
-    def float_only(self) -> bool:
-        return False
-
 
 ScalarOp = Unop | Binop | Ternop
+
+_ARITIES: dict[type[_Operator], int] = {Unop: 1, Binop: 2, Ternop: 3}
+
+FLOAT_ONLY_OPS: frozenset[ScalarOp] = frozenset({
+    Unop.EXP, Unop.LOG, Unop.EXP2, Unop.LOG2, Unop.SIN, Unop.COS, Unop.SQRT, Unop.RECIP, Unop.RECIP_SQRT,
+    Unop.TANH, Unop.SIGMOID, Binop.POW})
+"""The operators defined on float operands only: the transcendental ones, the reciprocals and
+``pow``. The others take integer operands too (``div`` and ``mod`` truncating as C does), except
+the PRNG operators, whose operand types are fixed (:func:`operand_dtypes`)."""
 
 PRNG_OPS: frozenset[ScalarOp] = frozenset({Binop.THREEFRY4X32, Unop.UNIFORM1, Unop.UINT4X32_OF})
 """The operators of counter-based random numbers: the only ones on uint4x32 values."""

@@ -37,7 +37,7 @@ from ocannl.lowlevel.dtypes import DType
 from ocannl.lowlevel.indexing import AnySymbol, Iter, Symbol
 from ocannl.lowlevel.ir import (
     Binary, Const, Expr, For, GetLocal, Load, LoadDynamic, Local, LocalScope, LoopKind, Seq, SetLocal, Stmt, Store,
-    iter_exprs, iter_stmts, seq,
+    iter_exprs, iter_stmts, seq, total_over_executions,
 )
 from ocannl.lowlevel.scalar_ops import Binop
 
@@ -284,11 +284,12 @@ def blocked_reduction_of(stmt: Stmt) -> Reduction | None:
 
 def block_terms(blocks: Stmt) -> int:
     """The terms a cell adds in a :attr:`Reduction.blocks` (or in a block's body)."""
-    match blocks:
-        case For(extent=n, body=body):
-            return n * block_terms(body)
-        case Seq(stmts=stmts):
-            return sum(block_terms(x) for x in stmts)
+    return total_over_executions(blocks, _step_terms)
+
+
+def _step_terms(step: Stmt) -> int:
+    """The terms one step of a block adds: those of the block it sums, or its own one term."""
+    match step:
         case Store(value=Binary(b=LocalScope(body=body))) | SetLocal(value=Binary(b=LocalScope(body=body))):
             return block_terms(body)
         case SetLocal():

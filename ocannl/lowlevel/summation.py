@@ -37,13 +37,13 @@ import math
 from dataclasses import dataclass, replace
 
 from ocannl.errors import OcannlError
-from ocannl.lowlevel.analysis import loop_chain, scaled_sum, substitute_index
+from ocannl.lowlevel.analysis import loop_chain, scaled_sum
 from ocannl.lowlevel.indexing import AnySymbol, AxisIndex, Fixed, Iter, Symbol
 from ocannl.lowlevel.ir import (
-    Binary, Cast, Comment, Const, DeclareLocal, EmbedIndex, Expr, Fill, For, GetLocal, Load, LoadDynamic, Local,
-    LocalScope, LoopKind, RoutineIR, Seq, SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary, iter_exprs,
-    iter_stmts, seq, stmt_exprs,
+    Binary, Cast, Expr, For, GetLocal, Load, LoadDynamic, Local, LocalScope, LoopKind, RoutineIR, Seq,
+    SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary, iter_exprs, iter_stmts, seq, stmt_exprs,
 )
+from ocannl.lowlevel.rewrite import FreshCopy
 from ocannl.lowlevel.scalar_ops import Binop
 from ocannl.lowlevel.schedule import reduction_of, update_of
 
@@ -279,63 +279,7 @@ def _scaled(position: AxisIndex, c: int) -> AxisIndex:
 def _instantiate(term: Expr, env: dict[AnySymbol, AxisIndex]) -> Expr:
     """``term`` with its reduction symbols replaced by ``env``; loops and locals bound inside it
     are renamed, so that each copy of the term binds its own."""
-    return _Copy(env).expr(term)
-
-
-class _Copy:
-    def __init__(self, env: dict[AnySymbol, AxisIndex]):
-        self.env = dict(env)
-        self.locals: dict[Local, Local] = {}
-
-    def index(self, i: AxisIndex) -> AxisIndex:
-        return substitute_index(i, self.env)
-
-    def local(self, old: Local) -> Local:
-        return self.locals.get(old, old)
-
-    def expr(self, e: Expr) -> Expr:
-        match e:
-            case Const():
-                return e
-            case Load(indices=idx):
-                return replace(e, indices=tuple(self.index(i) for i in idx))
-            case LoadDynamic(position=p, indices=idx):
-                return replace(e, position=self.expr(p), indices=tuple(self.index(i) for i in idx))
-            case Unary(x=x) | Cast(x=x):
-                return replace(e, x=self.expr(x))
-            case Binary(a=a, b=b):
-                return replace(e, a=self.expr(a), b=self.expr(b))
-            case Ternary(a=a, b=b, c=c):
-                return replace(e, a=self.expr(a), b=self.expr(b), c=self.expr(c))
-            case EmbedIndex(index=i):
-                return replace(e, index=self.index(i))
-            case GetLocal(local=local):
-                return GetLocal(self.local(local))
-            case LocalScope(local=local, body=body):
-                self.locals[local] = Local(local.dtype)
-                return LocalScope(self.locals[local], self.stmt(body))
-        raise TypeError(f"not a loop IR expression: {e!r}")
-
-    def stmt(self, s: Stmt) -> Stmt:
-        match s:
-            case For(symbol=symbol, body=body):
-                fresh = Symbol()
-                self.env[symbol] = Iter(fresh)
-                return replace(s, symbol=fresh, body=self.stmt(body))
-            case Seq(stmts=stmts):
-                return Seq(tuple(self.stmt(x) for x in stmts))
-            case Store(indices=idx, value=v):
-                return replace(s, indices=tuple(self.index(i) for i in idx), value=self.expr(v))
-            case StoreDynamic(position=p, indices=idx, value=v):
-                return replace(s, position=self.expr(p), indices=tuple(self.index(i) for i in idx), value=self.expr(v))
-            case DeclareLocal(local=local):
-                self.locals[local] = Local(local.dtype)
-                return DeclareLocal(self.locals[local])
-            case SetLocal(local=local, value=v):
-                return SetLocal(self.local(local), self.expr(v))
-            case Fill() | Comment():
-                return s
-        raise TypeError(f"not a loop IR statement: {s!r}")
+    return FreshCopy(env).expr(term)
 
 
 def _map_expr(e: Expr, visit) -> Expr:

@@ -16,7 +16,6 @@ is its value's name plus ``_grad``; the printed IRs show it as ``<value name>.gr
 from __future__ import annotations
 
 import enum
-import itertools
 import operator
 from typing import Callable
 
@@ -44,15 +43,14 @@ class MemoryMode(enum.Enum):
     """Persists across runs and is readable from the host (parameters, outputs, data)."""
 
 
-_ids = itertools.count(1)
+_ids = session.Counter()
 _names = Namespace()
 """The session's node names: unique across the session, reserved in no target."""
 
 
 @session.on_reset
 def _reset_names() -> None:
-    global _ids, _names
-    _ids = itertools.count(1)
+    global _names
     _names = Namespace()
 
 

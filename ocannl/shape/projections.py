@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Hashable, Union
 
 from ocannl.errors import ShapeError
-from ocannl.lowlevel.indexing import (Affine, AxisIndex, Fixed, IndexSymbol, Iter, Projections, Symbol,
-                                      index_bounds)
+from ocannl.lowlevel.analysis import provably_within
+from ocannl.lowlevel.indexing import Affine, AxisIndex, Fixed, IndexSymbol, Iter, Projections, Symbol
 
 
 @dataclass(frozen=True)
@@ -114,8 +114,7 @@ def derive_projections(slots: list[list[Term]], dims: list[tuple[int, ...]], deb
         # A plain loop index or a constant only where it provably stays inside the axis: an
         # index that may leave it (a padded window over a size-1 axis) stays affine, so that
         # lowering reads the neutral element there.
-        bounds = index_bounds(Affine(tuple(parts), offset), lambda s: (0, extents[s] - 1))
-        inside = dim is None or (bounds is not None and 0 <= bounds[0] and bounds[1] < dim)
+        inside = dim is None or provably_within(Affine(tuple(parts), offset), dim, extents)
         if inside and len(parts) == 1 and parts[0][0] == 1 and offset == 0:
             return Iter(parts[0][1])
         if inside and not parts:

@@ -10,8 +10,7 @@ for an open row.
 
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Union
 
 from ocannl import session
@@ -19,36 +18,34 @@ from ocannl import session
 KINDS = ("batch", "output", "input")
 """Axis kinds in memory order."""
 
-_var_ids = itertools.count(1)
+_var_ids = session.Counter()
 
 
-@session.on_reset
-def _reset_var_ids() -> None:
-    global _var_ids
-    _var_ids = itertools.count(1)
-
-
-class DimVar:
-    """An unknown dimension. ``name`` (a spec label, or the param's label) is for messages only."""
+class _Variable:
+    """An unknown of shape inference. Identity is the object; ``id`` numbers the variables of a
+    session in order of creation and ``name`` (a spec label, or the parameter's label) is for
+    messages only."""
 
     __slots__ = ("id", "name")
 
     def __init__(self, name: str = ""):
         self.id = next(_var_ids)
         self.name = name
+
+
+class DimVar(_Variable):
+    """An unknown dimension."""
+
+    __slots__ = ()
 
     def __repr__(self) -> str:
         return f"?{self.name}{self.id}" if self.name else f"?{self.id}"
 
 
-class RowVar:
+class RowVar(_Variable):
     """An unknown number of axes (a row variable: ``...`` or ``..r..`` in specs)."""
 
-    __slots__ = ("id", "name")
-
-    def __init__(self, name: str = ""):
-        self.id = next(_var_ids)
-        self.name = name
+    __slots__ = ()
 
     def __repr__(self) -> str:
         return f"..{self.name or 'r'}{self.id}.."
@@ -110,22 +107,21 @@ class Row:
 EMPTY_ROW = Row()
 
 
+@dataclass(eq=False, repr=False, slots=True)
 class Shape:
-    """The three rows of one tensor. Rows are replaced (never mutated) as inference learns more."""
+    """The three rows of one tensor. Rows are replaced (never mutated) as inference learns more;
+    a shape is the same shape only as the same object (the solver tracks shapes by identity)."""
 
-    __slots__ = ("batch", "output", "input", "tensor_label", "is_param", "is_terminal", "explanations",
-                 "used")
-
-    def __init__(self, batch: Row, output: Row, input: Row, tensor_label: str = "",
-                 is_param: bool = False, is_terminal: bool = False):
-        self.batch = batch
-        self.output = output
-        self.input = input
-        self.tensor_label = tensor_label
-        self.is_param = is_param
-        self.is_terminal = is_terminal
-        self.explanations: list[str] = []
-        self.used = False  # some operation reads this tensor
+    batch: Row
+    output: Row
+    input: Row
+    tensor_label: str = ""
+    is_param: bool = False
+    is_terminal: bool = False
+    explanations: list[str] = field(default_factory=list, init=False)
+    """Why each axis closed as it did, for ``oc.explain_shapes``."""
+    used: bool = field(default=False, init=False)
+    """Some operation reads this tensor."""
 
     def row(self, kind: str) -> Row:
         return getattr(self, kind)

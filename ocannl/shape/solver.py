@@ -123,8 +123,13 @@ class RowIneq:
 
 @dataclass(eq=False)
 class ConvDim:
-    """An input axis indexed ``stride*over + dilation*kernel`` (spec §1.8): with padding (or no
-    kernel) ``input = stride*over``; without, ``input = stride*(over-1) + dilation*(kernel-1) + 1``."""
+    """An input axis indexed ``stride*over + dilation*kernel``. As PyTorch sizes its outputs, the
+    stride need not divide the input (docs/semantics.md, "Convolution sizes"): with padding (or no
+    kernel) ``over = ceil(input / stride)``, PyTorch's ``floor((input + 2*pad - span) / stride) + 1``
+    for the centred padding of an odd window; without, ``over = floor((input - span) / stride) + 1``
+    with ``span = dilation*(kernel-1) + 1``, the input cells past the last window unread. Solved
+    from the output side, the input is the size the stride fits exactly: ``stride*over`` padded,
+    ``stride*(over-1) + span`` valid."""
 
     input: Dim
     stride: int
@@ -369,26 +374,22 @@ class Solver:
         kernel = self.dim(c.kernel) if c.kernel is not None else None
         s = c.stride
         if c.use_padding or kernel is None:
-            if isinstance(over, int):
+            if isinstance(inp, int):
+                self.unify_dim(over, -(-inp // s), c.origin, c.where)
+            elif isinstance(over, int):
                 self.unify_dim(inp, s * over, c.origin, c.where)
-            elif isinstance(inp, int):
-                if inp % s:
-                    raise shape_error(c.origin, c.where,
-                                      f"incompatible stride: input size {inp} is not divisible by stride {s}")
-                self.unify_dim(over, inp // s, c.origin, c.where)
             else:
                 self._wait(c, inp, over)
             return
-        if isinstance(over, int) and isinstance(kernel, int):
-            self.unify_dim(inp, s * (over - 1) + c.dilation * (kernel - 1) + 1, c.origin, c.where)
-        elif isinstance(inp, int) and isinstance(kernel, int):
+        if isinstance(inp, int) and isinstance(kernel, int):
             span = c.dilation * (kernel - 1) + 1
-            if inp < span or (inp - span) % s:
+            if inp < span:
                 raise shape_error(
                     c.origin, c.where,
-                    f"valid convolution: input size {inp} does not fit a whole number of windows "
-                    f"(kernel span {span}, stride {s})")
+                    f"valid convolution: input size {inp} does not fit one window (kernel span {span})")
             self.unify_dim(over, (inp - span) // s + 1, c.origin, c.where)
+        elif isinstance(over, int) and isinstance(kernel, int):
+            self.unify_dim(inp, s * (over - 1) + c.dilation * (kernel - 1) + 1, c.origin, c.where)
         elif isinstance(inp, int) and isinstance(over, int):
             span = inp - s * (over - 1)
             if span < 1 or (span - 1) % c.dilation:
@@ -727,11 +728,15 @@ class Solver:
                 done = True
         return done
 
+    def _result_rows(self):
+        """The open rows of results: rows of no terminal tensor, nor standing for a part of one."""
+        for v, shape, kind in self._open_vars()[0]:
+            if not (shape.is_terminal or (v in self.row_info and self.row_info[v].terminal)):
+                yield v
+
     def _close_result_rows_with_bounds(self) -> bool:
         done = False
-        for v, shape, kind in self._open_vars()[0]:
-            if shape.is_terminal or (v in self.row_info and self.row_info[v].terminal):
-                continue
+        for v in self._result_rows():
             info = self.row_info.get(v)
             if info is not None and info.bounds:
                 self._decide_row(v, join_rows(self._resolved_bounds(info)), "learned from its use")
@@ -759,9 +764,7 @@ class Solver:
 
     def _close_result_rows(self) -> bool:
         done = False
-        for v, shape, kind in self._open_vars()[0]:
-            if shape.is_terminal or (v in self.row_info and self.row_info[v].terminal):
-                continue
+        for v in self._result_rows():
             self._decide_row(v, (), "no axes needed")
             done = True
         return done

@@ -27,6 +27,7 @@ from ocannl.lowlevel.assignments import Block
 from ocannl.lowlevel.indexing import Fixed, Iter, Symbol
 from ocannl.lowlevel.ir import Binary, Const, Load, RoutineIR, Store, format_routine, loop, nesting, seq
 from ocannl.lowlevel.lower import lower_routine
+from ocannl.lowlevel.rewrite import Rewriter
 from ocannl.lowlevel.scalar_ops import Binop
 from ocannl.lowlevel.tnode import TNode
 
@@ -149,8 +150,8 @@ class Visits:
         (opt._Virtualization, "_trace"),
         (opt._Tracer, "stmt"),
         (opt._Tracer, "expr"),
-        (opt._Rewriter, "rebuild_stmt"),
-        (opt._Rewriter, "rebuild_expr"),
+        (Rewriter, "rebuild_stmt"),
+        (Rewriter, "rebuild_expr"),
     ]
 
     def __init__(self, monkeypatch):

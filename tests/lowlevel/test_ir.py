@@ -149,3 +149,41 @@ def test_type_checks():
         Cast(Const((1, 2, 3, 4), dtypes.uint4x32), dtypes.uint32)
     with pytest.raises(DTypeError, match="local cannot hold"):
         SetLocal(Local(dtypes.int32), Const(1.0))
+
+
+def test_total_over_executions_multiplies_through_loops_at_any_depth():
+    from ocannl.backends.codegen import work
+    from ocannl.lowlevel.ir import For, total_over_executions
+
+    x, y = TNode("x", (3, 5)), TNode("y", (7,))
+    i, j, k = Symbol(), Symbol(), Symbol()
+    nest = seq(
+        loop(i, 3, seq(loop(j, 5, Store(x, (Iter(i), Iter(j)), Const(1.0))), Store(x, (Iter(i), Fixed(0)), Const(2.0)))),
+        Fill(y, Const(0.0)),
+        loop(k, 0, Store(y, (Iter(k),), Const(3.0))),
+    )
+    assert total_over_executions(nest, lambda s: 1) == 3 * 5 + 3 + 1
+    assert work(nest) == 3 * 5 + 3 + 7  # a fill counts its cells
+    deep = Store(y, (Fixed(0),), Const(1.0))
+    for _ in range(5000):  # deeper than Python's recursion limit
+        deep = For(Symbol(), 2 if isinstance(deep, Store) else 1, deep, LoopKind.REDUCTION)
+    assert total_over_executions(deep, lambda s: 1) == 2
+
+
+def test_operator_arity_and_float_only():
+    from ocannl.lowlevel.scalar_ops import FLOAT_ONLY_OPS, PRNG_OPS
+
+    assert all(op.arity == n for ops, n in ((Unop, 1), (Binop, 2), (Ternop, 3)) for op in ops)
+    assert FLOAT_ONLY_OPS == {Unop.EXP, Unop.LOG, Unop.EXP2, Unop.LOG2, Unop.SIN, Unop.COS, Unop.SQRT, Unop.RECIP,
+                              Unop.RECIP_SQRT, Unop.TANH, Unop.SIGMOID, Binop.POW}
+    n = Load(TNode("n", (), dtypes.int32), ())
+    for op in (*Unop, *Binop):
+        if op in PRNG_OPS:
+            continue
+        build = (lambda: Unary(op, n)) if isinstance(op, Unop) else (lambda: Binary(op, n, n))
+        assert op.float_only == (op in FLOAT_ONLY_OPS)
+        if op.float_only:
+            with pytest.raises(DTypeError, match=f"{op.value} is defined on floats only"):
+                build()
+        else:
+            assert build().dtype is dtypes.int32

@@ -30,8 +30,8 @@ KNOWN_ANSWERS_20 = [
 ]
 
 
-def run(asg, inputs=None) -> Context:
-    ctx = Context("interp")
+def run(asg, inputs=None, interp_mode: str = "vectorized") -> Context:
+    ctx = Context("interp", interp_mode=interp_mode)
     for node, value in (inputs or {}).items():
         ctx.set(node, value)
     ctx.compile(Computation("prng_test", asg)).run()
@@ -45,18 +45,27 @@ def pointwise(out: TNode, fn, *operands: TNode) -> Accum:
     return accum(out, None, fn, operands, [(i, n)], (Iter(i),), tuple((Iter(i),) for _ in operands))
 
 
-def ir_threefry(keys: np.ndarray, counters: np.ndarray) -> np.ndarray:
+def ir_threefry(keys: np.ndarray, counters: np.ndarray, interp_mode: str = "vectorized") -> np.ndarray:
     n = len(keys)
     key, counter, out = TNode("key", (n,), U4), TNode("counter", (n,), U4), TNode("out", (n,), U4)
-    ctx = run(pointwise(out, Binop.THREEFRY4X32, key, counter), {key: keys, counter: counters})
+    ctx = run(pointwise(out, Binop.THREEFRY4X32, key, counter), {key: keys, counter: counters}, interp_mode)
     return ctx.get(out)
 
 
-def test_threefry_known_answers():
+# The scalar interpreter computes Threefry on Python ints with its own loop over the rounds; the
+# vectorized one runs the numpy oracle over the grid.
+@pytest.mark.parametrize("interp_mode", ["scalar", "vectorized"])
+def test_threefry_known_answers(interp_mode):
     counters = np.array([c for c, _, _ in KNOWN_ANSWERS_20], dtype=np.uint32)
     keys = np.array([k for _, k, _ in KNOWN_ANSWERS_20], dtype=np.uint32)
     expected = np.array([e for _, _, e in KNOWN_ANSWERS_20], dtype=np.uint32)
-    np.testing.assert_array_equal(ir_threefry(keys, counters), expected)
+    np.testing.assert_array_equal(ir_threefry(keys, counters, interp_mode), expected)
+
+
+def test_scalar_interpreter_threefry_equals_the_oracle():
+    rng = np.random.default_rng(7)
+    keys, counters = rng.integers(0, 2**32, (2, 64, 4), dtype=np.uint32)
+    np.testing.assert_array_equal(ir_threefry(keys, counters, "scalar"), threefry4x32(keys, counters))
 
 
 def test_threefry_random_inputs_equal_the_oracle():

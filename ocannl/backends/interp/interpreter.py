@@ -45,6 +45,28 @@ from ocannl.lowlevel.tnode import TNode
 Thunk = Callable[[], Any]
 
 
+def in_order(thunks: tuple[Thunk, ...]) -> Thunk:
+    """The closure of a sequence: runs ``thunks`` one after another."""
+
+    def run_seq() -> None:
+        for thunk in thunks:
+            thunk()
+
+    return run_seq
+
+
+def counted_loop(registers: list[Any], slot: int, extent: int, body: Thunk) -> Thunk:
+    """The closure of a loop walked in order: runs ``body`` with register ``slot`` (the loop's
+    iterator) set to ``0, 1, ..., extent - 1``."""
+
+    def run_for() -> None:
+        for value in range(extent):
+            registers[slot] = value
+            body()
+
+    return run_for
+
+
 INTERP_MODES = ("vectorized", "scalar")
 
 
@@ -151,21 +173,9 @@ class _Compiler:
                 r = self.register(symbol)
                 with self.inside_loop(symbol, extent):
                     run_body = self.stmt(body)
-
-                def run_for() -> None:
-                    for value in range(extent):
-                        regs[r] = value
-                        run_body()
-
-                return run_for
+                return counted_loop(regs, r, extent, run_body)
             case Seq(stmts=stmts):
-                thunks = tuple(self.stmt(x) for x in stmts if not isinstance(x, Comment))
-
-                def run_seq() -> None:
-                    for thunk in thunks:
-                        thunk()
-
-                return run_seq
+                return in_order(tuple(self.stmt(x) for x in stmts if not isinstance(x, Comment)))
             case Comment():
                 return lambda: None
             case Store(tnode=node, indices=indices, value=value, skip_oob=True):
@@ -434,8 +444,8 @@ _MASK32 = 0xFFFFFFFF
 
 def _threefry4x32(key: np.ndarray, counter: np.ndarray) -> np.ndarray:
     """Standard Threefry-4x32-20 (Random123's ``threefry4x32_R(20, counter, key)``): five groups
-    of four rounds, each group followed by a key injection. Unrolled over local ints, since the
-    interpreter runs it once per random cell."""
+    of four rounds, each group followed by a key injection. Computed on local Python ints, since
+    the interpreter runs it once per random cell."""
     m = _MASK32
     k0, k1, k2, k3 = key.tolist()
     ks = (k0, k1, k2, k3, k0 ^ k1 ^ k2 ^ k3 ^ KEY_SCHEDULE_PARITY)
@@ -444,24 +454,15 @@ def _threefry4x32(key: np.ndarray, counter: np.ndarray) -> np.ndarray:
     for s in range(1, DEFAULT_ROUNDS // 4 + 1):
         # Rounds 4(s-1) .. 4(s-1)+3 use ROTATIONS[0:4] when s is odd, ROTATIONS[4:8] when even.
         # Even rounds mix (x0, x1) and (x2, x3), odd rounds (x0, x3) and (x2, x1); mixing (a, b)
-        # with rotation c is: a += b; b = rotl(b, c) ^ a.
-        (a0, b0), (a1, b1), (a2, b2), (a3, b3) = _ROTATION_GROUPS[s % 2]
-        x0 = (x0 + x1) & m
-        x1 = (((x1 << a0) | (x1 >> (32 - a0))) & m) ^ x0
-        x2 = (x2 + x3) & m
-        x3 = (((x3 << b0) | (x3 >> (32 - b0))) & m) ^ x2
-        x0 = (x0 + x3) & m
-        x3 = (((x3 << a1) | (x3 >> (32 - a1))) & m) ^ x0
-        x2 = (x2 + x1) & m
-        x1 = (((x1 << b1) | (x1 >> (32 - b1))) & m) ^ x2
-        x0 = (x0 + x1) & m
-        x1 = (((x1 << a2) | (x1 >> (32 - a2))) & m) ^ x0
-        x2 = (x2 + x3) & m
-        x3 = (((x3 << b2) | (x3 >> (32 - b2))) & m) ^ x2
-        x0 = (x0 + x3) & m
-        x3 = (((x3 << a3) | (x3 >> (32 - a3))) & m) ^ x0
-        x2 = (x2 + x1) & m
-        x1 = (((x1 << b3) | (x1 >> (32 - b3))) & m) ^ x2
+        # with rotation c is: a += b; b = rotl(b, c) ^ a. Exchanging x1 and x3 after each round
+        # lets every round mix (x0, x1) and (x2, x3); after four rounds the lanes are back in
+        # order for the key injection.
+        for a, b in _ROTATION_GROUPS[s % 2]:
+            x0 = (x0 + x1) & m
+            x1 = (((x1 << a) | (x1 >> (32 - a))) & m) ^ x0
+            x2 = (x2 + x3) & m
+            x3 = (((x3 << b) | (x3 >> (32 - b))) & m) ^ x2
+            x1, x3 = x3, x1
         # Key injection s.
         x0 = (x0 + ks[s % 5]) & m
         x1 = (x1 + ks[(s + 1) % 5]) & m

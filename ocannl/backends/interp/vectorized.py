@@ -67,6 +67,8 @@ from ocannl.backends.interp.interpreter import (
     _Compiler,
     _constant,
     _zero,
+    counted_loop,
+    in_order,
 )
 
 Thunk = Callable[[], Any]
@@ -332,13 +334,7 @@ class _Vectorizer:
         run on the scalar path, where one cell is cheapest."""
         match s:
             case Seq(stmts=stmts):
-                thunks = tuple(self.top(x) for x in stmts if not isinstance(x, Comment))
-
-                def run_seq() -> None:
-                    for thunk in thunks:
-                        thunk()
-
-                return run_seq
+                return in_order(tuple(self.top(x) for x in stmts if not isinstance(x, Comment)))
             case For():
                 return self.top_loop(s)
         return self.scalar.stmt(s)
@@ -381,14 +377,7 @@ class _Vectorizer:
                 body = self.top(s.body)
         finally:
             del self.extents[s.symbol]
-        regs = self.regs
-
-        def run_for() -> None:
-            for value in range(extent):
-                regs[r] = value
-                body()
-
-        return run_for
+        return counted_loop(self.regs, r, extent, body)
 
     # -- statements over a grid -----------------------------------------------------------------
 
@@ -398,13 +387,7 @@ class _Vectorizer:
             case For():
                 return self.loop(s, grid)
             case Seq(stmts=stmts):
-                thunks = tuple(self.stmt(x, grid) for x in stmts if not isinstance(x, Comment))
-
-                def run_seq() -> None:
-                    for thunk in thunks:
-                        thunk()
-
-                return run_seq
+                return in_order(tuple(self.stmt(x, grid) for x in stmts if not isinstance(x, Comment)))
             case Comment():
                 return lambda: None
             case Store(tnode=node, indices=indices, value=value, skip_oob=skip):
@@ -475,14 +458,7 @@ class _Vectorizer:
             r, extent, body = self.scalar.register(s.symbol), s.extent, self.stmt(s.body, grid)
         finally:
             del self.extents[s.symbol]
-        regs = self.regs
-
-        def run_for() -> None:
-            for value in range(extent):
-                regs[r] = value
-                body()
-
-        return run_for
+        return counted_loop(self.regs, r, extent, body)
 
     def stored_sum(self, loops: list[For], store: Store, term: Expr, grid: _Grid) -> Thunk | None:
         """``node[idx] := node[idx] + term`` over ``loops``: every term at once over the grid

@@ -1,0 +1,413 @@
+"""What C and the Metal Shading Language print alike: the C-family base of their syntax tables.
+
+The shared walk (:class:`~ocannl.backends.codegen.Emitter`) asks a
+:class:`~ocannl.backends.codegen.Syntax` for every piece of text that is not structure. C and MSL
+agree on nearly all of it: infix arithmetic, comparisons as 0/1 values of the operands' type,
+conditional expressions, the helper functions that carry the interpreter's NaN, signed-zero and
+wrap-around rules (``docs/semantics.md``, "Numerics"), the checked index and integer division
+that record a failure site instead of trapping, and the Threefry-4x32 generator with its
+conversions (``ocannl/lowlevel/prng.py``). :class:`CFamilySyntax` holds all of that once, and one
+generator prints the helper functions from the same templates for both languages. A language
+gives only its deltas:
+
+* its type names, and the 64-bit unsigned type the PRNG conversions use;
+* how it spells a conversion (C's ``((T)x)``, MSL's ``T(x)``), a four-lane uint4x32 value, a
+  64-bit integer constant, the most negative int32 and int64, and a function of its math
+  library (C's ``expf``/``exp``, MSL's ``precise::exp``);
+* how a helper is declared (``static inline``, ``inline``) and how a large one is kept out of
+  line; where the failure status lives (a host pointer, a device atomic);
+* whether it overloads functions: MSL prints one ``ocannl_max`` per type, C, which has no
+  overloading, ``ocannl_max_f32``, ``ocannl_max_i64``...
+
+Helper functions are recorded as the walk prints them, with the compute types they are printed
+for; :meth:`CFamilySyntax.builtins` then writes exactly those, definitions before uses, in the
+order of :data:`_HELPERS`. Nothing is read back out of printed text.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ocannl.backends.codegen import Syntax
+from ocannl.lowlevel import dtypes
+from ocannl.lowlevel.dtypes import DType
+from ocannl.lowlevel.prng_reference import DEFAULT_ROUNDS, KEY_SCHEDULE_PARITY, ROTATIONS
+from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
+
+MATH_FUNCTIONS = {
+    Unop.EXP: "exp",
+    Unop.LOG: "log",
+    Unop.EXP2: "exp2",
+    Unop.LOG2: "log2",
+    Unop.SIN: "sin",
+    Unop.COS: "cos",
+    Unop.SQRT: "sqrt",
+    Unop.TANH: "tanh",
+}
+"""Unary operators that are one call of the math library, by the library's float64 name (a
+language's :meth:`CFamilySyntax.math_function` spells it for a precision)."""
+
+_INFIX = {Binop.ADD: "+", Binop.SUB: "-", Binop.MUL: "*", Binop.DIV: "/"}
+
+_COMPARISONS = {Binop.LT: "<", Binop.GT: ">", Binop.EQ: "==", Binop.NE: "!="}
+
+_RULES: dict[Unop | Binop, tuple[str, str]] = {
+    Binop.MAX: ("a, b", "(a > b{nan}) ? a : b"),
+    Binop.MIN: ("a, b", "(a < b{nan}) ? a : b"),
+    Unop.RELU: ("x", "x > {zero} ? x : {zero}"),
+    Unop.SAT01: ("x", "!(x > {zero}) ? {zero} : x < {one} ? x : {one}"),
+    Unop.NOT: ("x", "x == {zero} ? {one} : {zero}"),
+    Binop.RELU_GATE: ("a, b", "a > {zero} ? b : {zero}"),
+    Binop.SAT01_GATE: ("a, b", "{zero} < a && a < {one} ? b : {zero}"),
+}
+"""Operators printed as a call of a helper ``ocannl_<op>``: its parameters and the expression it
+returns, the interpreter's rule written with comparisons. With one NaN operand ``max`` and
+``min`` return the other (a NaN ``a`` fails the comparison; ``{nan}`` catches a NaN ``b``), as the
+math library's ``fmax``/``fmin`` do, but these also fix which zero ``max(-0.0, 0.0)`` gives."""
+
+_TAGS = {dtypes.float32: "f32", dtypes.float64: "f64", dtypes.int32: "i32", dtypes.int64: "i64", dtypes.uint32: "u32"}
+"""The compute types a typed helper is written for, in print order, and the suffix that names a
+helper's copy for each in a language without overloading."""
+
+
+def helper_name(name: str, dtype: DType, overloads: bool) -> str:
+    """The name a typed helper has for ``dtype``: ``name`` itself where the language overloads
+    functions, else ``name`` with the type's tag (``ocannl_max_f32``)."""
+    return name if overloads else f"{name}_{_TAGS[dtype]}"
+
+
+class CFamilySyntax(Syntax):
+    """The operator table of a C-family language, less its spelling deltas (module docstring).
+
+    Operators on float16/bfloat16 never reach it: the IR computes those in float32 and converts on
+    load and store (:meth:`from_storage`, :meth:`to_storage`).
+    """
+
+    language: str
+    """The language's name, for error messages."""
+    overloads: bool
+    """Whether the language overloads functions by parameter type (see :func:`helper_name`)."""
+    uint64_type: str
+    int64_format: str
+    """A non-negative int64 constant, ``{}`` standing for its digits."""
+    int32_min: str
+    int64_min: str
+    """The most negative value: its digits alone would be an out-of-range positive constant."""
+    inline: str
+    """The declaration prefix of a small helper function."""
+    out_of_line: str
+    """The declaration prefix of a helper kept out of line (the Threefry generator)."""
+    local_constant: str
+    """The qualifiers of a constant table inside a function."""
+    lanes: tuple[str, str, str, str]
+    """The members of a uint4x32 value holding its lanes 0 to 3."""
+    status_param: str
+    """The parameter through which a helper records a failed check."""
+    store_status: str
+    """The statement storing ``site`` into ``status``: atomic, since parallel iterations may fail
+    at once (one of their sites is reported), and relaxed, since nothing else is ordered by it."""
+
+    def __init__(self) -> None:
+        self._used: dict[str, set[DType]] = {}
+        """Helper function -> the compute types it was printed for."""
+
+    # -- the deltas ---------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def convert(self, type_name: str, x: str, *, compound: bool = False) -> str:
+        """``x`` converted to ``type_name``; ``compound``: ``x`` is an operator expression, not an
+        operand, and may need parentheses."""
+
+    @abc.abstractmethod
+    def vector(self, lanes: Sequence[str]) -> str:
+        """A uint4x32 value made of four uint32 expressions."""
+
+    @abc.abstractmethod
+    def math_function(self, name: str, dtype: DType) -> str:
+        """The math library's function ``name`` (its float64 name) for ``dtype`` values."""
+
+    # -- the shared table ---------------------------------------------------------------------------
+
+    def helper(self, name: str, dtype: DType | None = None) -> str:
+        """The printed name of helper ``name`` (typed: for ``dtype``), recorded for
+        :meth:`builtins`. A type the language lacks is refused here, at the call."""
+        if dtype is not None:
+            self.compute_type(dtype)
+        self._used.setdefault(name, set())
+        if dtype is None:
+            return name
+        self._used[name].add(dtype)
+        return helper_name(name, dtype, self.overloads)
+
+    def compute_type(self, dtype: DType) -> str:
+        return self.storage_type(dtype.compute)
+
+    def literal(self, value, dtype: DType) -> str:
+        if dtype is dtypes.uint4x32:
+            return self.vector([f"{int(v) & 0xFFFFFFFF}u" for v in value])
+        if dtype.is_float:
+            return self._float_literal(float(value), dtype)
+        v = int(value)
+        if dtype is dtypes.uint32:
+            return f"{v & 0xFFFFFFFF}u"
+        if dtype is dtypes.int64:
+            if v == -(2**63):
+                return self.int64_min
+            return self.int64_format.format(v) if v >= 0 else f"(-{self.int64_format.format(-v)})"
+        if v == -(2**31):
+            return self.int32_min
+        return str(v) if v >= 0 else f"({v})"
+
+    def _float_literal(self, v: float, dtype: DType) -> str:
+        type_name = self.compute_type(dtype)
+        single = dtype.compute is dtypes.float32
+        if math.isnan(v):
+            return "(-NAN)" if math.copysign(1.0, v) < 0 else "NAN"
+        if math.isinf(v):
+            text = "INFINITY" if single else self.convert(type_name, "INFINITY")
+            return text if v > 0 else f"(-{text})"
+        if single:
+            text = str(np.float32(v))  # the shortest digits that read back as this float32
+            text = (text if any(ch in text for ch in ".e") else text + ".0") + "f"
+        else:
+            text = repr(v)
+        return f"({text})" if text.startswith("-") else text
+
+    def unary(self, op: Unop, dtype: DType, x: str) -> str:
+        if op is Unop.UNIFORM1:
+            return f"{self.helper('ocannl_uniform1', dtype)}({x})"
+        if op is Unop.UINT4X32_OF:
+            return f"{self.helper('ocannl_uint4x32_of')}({x})"
+        if op is Unop.ID:
+            return x
+        if op in _RULES:
+            return f"{self.helper(f'ocannl_{op.value}', dtype)}({x})"
+        if op is Unop.NEG:
+            return f"(-{x})"
+        if op is Unop.ABS:
+            if dtype.is_float:
+                return f"{self.math_function('fabs', dtype)}({x})"
+            return x if dtype is dtypes.uint32 else f"{self.helper('ocannl_abs', dtype)}({x})"
+        if op in MATH_FUNCTIONS:
+            return f"{self.math_function(MATH_FUNCTIONS[op], dtype)}({x})"
+        one = self.literal(1, dtype)
+        if op is Unop.RECIP:
+            return f"({one} / {x})"
+        if op is Unop.RECIP_SQRT:
+            return f"({one} / {self.math_function('sqrt', dtype)}({x}))"
+        if op is Unop.SIGMOID:
+            return f"({one} / ({one} + {self.math_function('exp', dtype)}(-{x})))"
+        raise AssertionError(f"{op.value} is missing from the {self.language} operator table")
+
+    def binary(self, op: Binop, dtype: DType, a: str, b: str) -> str:
+        if op is Binop.THREEFRY4X32:
+            return f"{self.helper('ocannl_threefry4x32')}({a}, {b})"
+        if op in _INFIX:
+            return f"({a} {_INFIX[op]} {b})"
+        if op in _RULES:
+            return f"{self.helper(f'ocannl_{op.value}', dtype)}({a}, {b})"
+        t = self.compute_type(dtype)
+        if op in _COMPARISONS:
+            return self.convert(t, f"{a} {_COMPARISONS[op]} {b}", compound=True)
+        zero = self.literal(0, dtype)
+        if op is Binop.AND:
+            return self.convert(t, f"{a} != {zero} && {b} != {zero}", compound=True)
+        if op is Binop.OR:
+            return self.convert(t, f"{a} != {zero} || {b} != {zero}", compound=True)
+        if op is Binop.POW:
+            return f"{self.math_function('pow', dtype)}({a}, {b})"
+        if op is Binop.MOD:
+            return f"{self.math_function('fmod', dtype)}({a}, {b})"
+        raise AssertionError(f"{op.value} is missing from the {self.language} operator table")
+
+    def int_division(self, op: Binop, dtype: DType, a: str, b: str, site: int) -> str:
+        return f"{self.helper(f'ocannl_{op.value}', dtype)}({a}, {b}, _status, {site})"
+
+    def ternary(self, op: Ternop, dtype: DType, a: str, b: str, c: str) -> str:
+        if op is Ternop.FMA:
+            return f"{self.math_function('fma', dtype)}({a}, {b}, {c})" if dtype.is_float else f"({a} * {b} + {c})"
+        if op is Ternop.MUL3:
+            return f"({a} * {b} * {c})"
+        raise AssertionError(f"{op.value} is missing from the {self.language} operator table")
+
+    def where(self, cond: str, a: str, b: str) -> str:
+        return f"({cond} ? {a} : {b})"
+
+    def cast(self, x: str, source: DType, target: DType) -> str:
+        if source is target:
+            return x
+        if source.is_float and not target.is_float:
+            # Through int64, so out-of-range values wrap as in the interpreter (dtypes.round_to)
+            # instead of the language's undefined behaviour.
+            wide = self.convert(self.storage_type(dtypes.int64), x)
+            return wide if target is dtypes.int64 else self.convert(self.storage_type(target), wide)
+        return self.convert(self.storage_type(target), x)
+
+    def checked_index(self, index: str, extent: int, site: int) -> str:
+        return f"{self.helper('ocannl_index')}({index}, {extent}, _status, {site})"
+
+    # -- builtins -----------------------------------------------------------------------------------
+
+    def builtins(self) -> list[str]:
+        """The code of the helper functions printed so far, each once, in :data:`_HELPERS` order,
+        preceded by the language's own definitions they and the walk need
+        (:meth:`definitions`)."""
+        needed = {name: set(types) for name, types in self._used.items()}
+        for name in list(needed):
+            for dependency in _HELPERS[name].requires:
+                needed.setdefault(dependency, set())
+        helpers = []
+        for name, helper in _HELPERS.items():
+            if name in needed:
+                types = [d for d in _TAGS if d in needed[name]] or [None]
+                helpers.append("\n".join(helper.write(self, d) for d in types))
+        return [*self.definitions(), *helpers]
+
+    def definitions(self) -> list[str]:
+        """Code the language needs before any helper: type definitions of printed types. Called
+        after the helpers are written, so it sees the types they use too."""
+        return []
+
+
+# ---------------------------------------------------------------------------------------------
+# The helper generator: one template per helper, spelled through the language's deltas.
+
+
+@dataclass(frozen=True)
+class _Helper:
+    write: Callable[[CFamilySyntax, DType | None], str]
+    """The helper's code in a language, for one compute type (``None``: an untyped helper)."""
+    requires: tuple[str, ...] = ()
+    """Helpers its code calls."""
+
+
+def _rule(op: Unop | Binop) -> _Helper:
+    params, result = _RULES[op]
+
+    def write(s: CFamilySyntax, dtype: DType) -> str:
+        t = s.compute_type(dtype)
+        name = helper_name(f"ocannl_{op.value}", dtype, s.overloads)
+        signature = ", ".join(f"{t} {p}" for p in params.split(", "))
+        nan = " || b != b" if dtype.is_float else ""
+        body = result.format(zero=s.literal(0, dtype), one=s.literal(1, dtype), nan=nan)
+        return f"{s.inline} {t} {name}({signature}) {{ return {body}; }}"
+
+    return _Helper(write)
+
+
+def _unsigned(s: CFamilySyntax, dtype: DType) -> str:
+    """The unsigned type of ``dtype``'s width: negating through it wraps instead of overflowing."""
+    return s.uint64_type if dtype is dtypes.int64 else s.storage_type(dtypes.uint32)
+
+
+def _abs(s: CFamilySyntax, dtype: DType) -> str:
+    t = s.compute_type(dtype)
+    negated = s.convert(t, f"0u - {s.convert(_unsigned(s, dtype), 'x')}", compound=True)
+    return f"{s.inline} {t} {helper_name('ocannl_abs', dtype, s.overloads)}({t} x) {{ return x < 0 ? {negated} : x; }}"
+
+
+def _division(op: Binop) -> _Helper:
+    """Integer ``div`` or ``mod``: a zero divisor records the failure site and gives 0; the
+    quotient truncates toward zero, and ``MIN / -1`` wraps to ``MIN`` as in the interpreter."""
+
+    def write(s: CFamilySyntax, dtype: DType) -> str:
+        t = s.compute_type(dtype)
+        if dtype is dtypes.uint32:
+            result = "a / b;" if op is Binop.DIV else "a % b;"
+        elif op is Binop.DIV:
+            negated = s.convert(t, f"0u - {s.convert(_unsigned(s, dtype), 'a')}", compound=True)
+            result = f"b == -1 ? {negated} : a / b;  /* MIN / -1 wraps */"
+        else:
+            result = "b == -1 ? 0 : a % b;"
+        name = helper_name(f"ocannl_{op.value}", dtype, s.overloads)
+        return (
+            f"{s.inline} {t} {name}({t} a, {t} b, {s.status_param}, int site) {{\n"
+            f"  if (b == 0) {{ ocannl_fail(status, site); return 0; }}\n"
+            f"  return {result}\n}}"
+        )
+
+    return _Helper(write, requires=("ocannl_fail",))
+
+
+def _fail(s: CFamilySyntax, _: None) -> str:
+    return (
+        f"{s.inline} void ocannl_fail({s.status_param}, int site) {{\n"
+        f"  {s.store_status};  /* reported by the host after the run */\n}}"
+    )
+
+
+def _index(s: CFamilySyntax, _: None) -> str:
+    wide = s.storage_type(dtypes.int64)
+    if s.index_dtype is dtypes.int64:
+        result = "return i;"
+    else:
+        result = f"return {s.convert(s.index_type, 'i')};  /* within a buffer: below 2**31 */"
+    return (
+        f"{s.inline} {s.index_type} ocannl_index({wide} i, {wide} n, {s.status_param}, int site) {{\n"
+        f"  if (i < 0 || i >= n) {{ ocannl_fail(status, site); return 0; }}  /* clamped: never outside */\n"
+        f"  {result}\n}}"
+    )
+
+
+def _threefry(s: CFamilySyntax, _: None) -> str:
+    """Standard Threefry-4x32-20, the bit contract of ``ocannl/lowlevel/prng.py`` (constants from
+    ``prng_reference.py``, which is checked against Random123's known answers)."""
+    u, v = s.storage_type(dtypes.uint32), s.storage_type(dtypes.uint4x32)
+    k = [f"key.{lane}" for lane in s.lanes]
+    c = [f"counter.{lane}" for lane in s.lanes]
+    rotations = ", ".join(f"{{{a}u, {b}u}}" for a, b in ROTATIONS)
+    return f"""{s.inline} {u} ocannl_rotl32({u} x, {u} r) {{ return (x << r) | (x >> (32u - r)); }}
+{s.out_of_line} {v} ocannl_threefry4x32({v} key, {v} counter) {{
+  {s.local_constant} {u} rot[8][2] = {{{rotations}}};
+  const {u} ks[5] = {{{k[0]}, {k[1]}, {k[2]}, {k[3]}, {k[0]} ^ {k[1]} ^ {k[2]} ^ {k[3]} ^ 0x{KEY_SCHEDULE_PARITY:X}u}};
+  {u} x0 = {c[0]} + ks[0], x1 = {c[1]} + ks[1], x2 = {c[2]} + ks[2], x3 = {c[3]} + ks[3];
+  for ({u} s = 1u; s <= {DEFAULT_ROUNDS // 4}u; ++s) {{  /* four rounds, then key injection s */
+    for ({u} j = 0u; j < 4u; ++j) {{
+      const {u} r0 = rot[(4u * (s - 1u) + j) % 8u][0], r1 = rot[(4u * (s - 1u) + j) % 8u][1];
+      if (j % 2u == 0u) {{ x0 += x1; x1 = ocannl_rotl32(x1, r0) ^ x0; x2 += x3; x3 = ocannl_rotl32(x3, r1) ^ x2; }}
+      else {{ x0 += x3; x3 = ocannl_rotl32(x3, r0) ^ x0; x2 += x1; x1 = ocannl_rotl32(x1, r1) ^ x2; }}
+    }}
+    x0 += ks[s % 5u]; x1 += ks[(s + 1u) % 5u]; x2 += ks[(s + 2u) % 5u]; x3 += ks[(s + 3u) % 5u] + s;
+  }}
+  return {s.vector(["x0", "x1", "x2", "x3"])};
+}}"""
+
+
+def _uint4x32_of(s: CFamilySyntax, _: None) -> str:
+    """An integer as a counter: its 64 bits (a signed argument converts sign-extended) in lanes
+    0 and 1."""
+    u, v = s.storage_type(dtypes.uint32), s.storage_type(dtypes.uint4x32)
+    lanes = [s.convert(u, "x"), s.convert(u, "x >> 32", compound=True), "0u", "0u"]
+    return f"{s.inline} {v} ocannl_uint4x32_of({s.uint64_type} x) {{ return {s.vector(lanes)}; }}"
+
+
+def _uniform1(s: CFamilySyntax, dtype: DType) -> str:
+    """The top 24 bits of lane 0 (float32) or 53 bits of lanes 1:0 (float64), scaled into [0, 1):
+    every value exact, as ``prng.py`` states."""
+    t, v = s.compute_type(dtype), s.storage_type(dtypes.uint4x32)
+    low, high = f"x.{s.lanes[0]}", f"x.{s.lanes[1]}"
+    if dtype is dtypes.float32:
+        bits, scale = s.convert(t, f"{low} >> 8", compound=True), s.literal(2.0**-24, dtype)
+    else:
+        wide = f"({s.convert(s.uint64_type, high)} << 32) | {low}"
+        bits, scale = s.convert(t, f"({wide}) >> 11", compound=True), s.literal(2.0**-53, dtype)
+    return f"{s.inline} {t} {helper_name('ocannl_uniform1', dtype, s.overloads)}({v} x) {{ return {bits} * {scale}; }}"
+
+
+_HELPERS: dict[str, _Helper] = {
+    "ocannl_fail": _Helper(_fail),
+    "ocannl_index": _Helper(_index, requires=("ocannl_fail",)),
+    "ocannl_threefry4x32": _Helper(_threefry),
+    "ocannl_uint4x32_of": _Helper(_uint4x32_of),
+    "ocannl_uniform1": _Helper(_uniform1),
+    **{f"ocannl_{op.value}": _rule(op) for op in _RULES},
+    "ocannl_abs": _Helper(_abs),
+    "ocannl_div": _division(Binop.DIV),
+    "ocannl_mod": _division(Binop.MOD),
+}
+"""Every helper, in the order a source prints them (a helper after those it calls)."""
