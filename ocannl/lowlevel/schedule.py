@@ -17,7 +17,7 @@ in blocks is read back by :func:`blocked_reduction_of` as the same record, its b
 
 Consumers decide what they can do with a record by their own limits -- the summation order
 blocks it (``summation.find_accumulation``), C tiles it in registers
-(``codegen.plan_contraction``), Metal sums it as a threadgroup tree (``metal/emit.py``) -- but
+(``cpu_schedule.plan_contraction``), Metal sums it as a threadgroup tree (``metal/emit.py``) -- but
 never re-derive its shape, so that a shape one of them learns every other sees the same way.
 Recognition here is structural only: which operators, dtypes and sizes are worth scheduling is
 the consumer's choice. :attr:`Reduction.separable` is the one semantic condition all of them

@@ -29,7 +29,7 @@ from ocannl.backends import base
 from ocannl.backends.c import CBackend, CExecutable
 from ocannl.backends.c import compiler
 from ocannl.backends.c.emit import emit_c, function_name
-from ocannl.backends.codegen import PARALLEL_MIN_WORK, plan_contraction
+from ocannl.lowlevel.cpu_schedule import PARALLEL_MIN_WORK, plan_contraction
 from ocannl.backends.interp import InterpBackend
 from ocannl.errors import BackendUnavailable, OutOfBoundsError
 from ocannl.lowlevel import dtypes, prng_reference
@@ -600,7 +600,7 @@ def test_big_parallel_loops_use_openmp_and_stay_identical():
 
 
 def work_of(stmt):
-    from ocannl.backends.codegen import work
+    from ocannl.lowlevel.cpu_schedule import work
 
     return work(stmt)
 

@@ -152,7 +152,7 @@ def test_type_checks():
 
 
 def test_total_over_executions_multiplies_through_loops_at_any_depth():
-    from ocannl.backends.codegen import work
+    from ocannl.lowlevel.cpu_schedule import work
     from ocannl.lowlevel.ir import For, total_over_executions
 
     x, y = TNode("x", (3, 5)), TNode("y", (7,))

@@ -3,7 +3,7 @@ and start, what is refused, and the emitters that consume the record."""
 
 import numpy as np
 
-from ocannl.backends import codegen
+from ocannl.lowlevel import cpu_schedule
 from ocannl.backends.c import CBackend
 from ocannl.backends.interp import InterpBackend
 from ocannl.backends.metal import MetalBackend
@@ -82,7 +82,7 @@ def test_second_shape_reset_inside_the_parallel_loops():
     r = reduction_of(nest)
     assert r.reset is reset and r.reset_depth == 2 and r.separable
     assert r.loop_extents == ((k, K),)
-    assert codegen.plan_contraction(nest) is not None
+    assert cpu_schedule.plan_contraction(nest) is not None
 
 
 def test_a_reset_inside_a_reduction_loop_is_not_separable():
@@ -96,7 +96,7 @@ def test_a_reset_inside_a_reduction_loop_is_not_separable():
     nest = loop(i, M, loop(j, N, For(k0, K, inner, loop(k0, K, inner).kind)))
     r = reduction_of(nest)
     assert r is not None and r.reset_depth == 3 and not r.separable
-    assert codegen.plan_contraction(nest) is None
+    assert cpu_schedule.plan_contraction(nest) is None
     assert metal_emit.tree_reduction(For(k0, K, inner, loop(k0, K, inner).kind)) is None
     assert summation.find_accumulation(nest) is None
 
@@ -112,7 +112,7 @@ def test_third_shape_inlined_into_its_consumer():
     r = reduction_of(nest)
     assert r.scope is not None and r.scope.local is v and r.init == Const(0.0, dtypes.float32)
     assert [f.symbol for f in r.parallel] == [i, j] and r.loop_extents == ((k, K),) and r.separable
-    plan = codegen.plan_contraction(nest)
+    plan = cpu_schedule.plan_contraction(nest)
     assert plan is not None and plan.scope is r.scope
     tree = metal_emit.tree_reduction(store)
     assert tree is not None and tree.loops == ((k, K),) and tree.init == r.init
@@ -143,7 +143,7 @@ def test_blocked_sum_is_read_back_as_one_reduction():
     r = blocked_reduction_of(blocked)
     assert r is not None and r.blocks is not None and r.volume == 300
     assert [f.symbol for f in r.around] == [i, j] and r.reset is not None and r.op is Binop.ADD
-    plan = codegen.plan_contraction(blocked)
+    plan = cpu_schedule.plan_contraction(blocked)
     assert plan is not None and plan.blocks == r.blocks and plan.work == M * N * 300
 
 

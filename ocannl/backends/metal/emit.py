@@ -148,7 +148,7 @@ class MetalProgram:
 @dataclass(frozen=True)
 class TreeReduction:
     """A grid point's statement that accumulates ``term`` with ``op`` over the ``loops`` into
-    one cell of ``store``'s node. Three forms (those of ``codegen.plan_contraction``):
+    one cell of ``store``'s node. Three forms (those of ``cpu_schedule.plan_contraction``):
     ``out[I] := start; loops { out[I] := out[I] op term }`` (``start`` set), the same without the
     reset (the cell's value starts the sum), and ``out[I] := f(v { v := init; loops { v := v op
     term } })`` (``scope`` set: a reduction the optimizer inlined into its consumer)."""
