@@ -5,7 +5,9 @@ batches = 6400 steps; SGD with weight decay 1e-4 and the learning rate
 ``0.1 * (2*steps - step_n) / steps`` (0.2 falling linearly towards 0.1), computed inside the
 routine from the ``step_n`` index symbol. Shapes are inferred: no weight states its input dims,
 and the last weight learns its output dim from the labels. The whole training step (forward,
-backprop, SGD) is one routine, compiled once and run 6400 times with different bindings.
+backprop, SGD) is one routine, compiled once and run 6400 times with different bindings: an
+epoch per ``run_many`` call, which runs its 80 steps in one call into the compiled code and
+records the loss after each.
 
 Prints a progress bar, the loss curve and the decision boundary, then each epoch's summed loss
 (the sum over its 80 batches of the batch-mean hinge loss, the original's measure). The pictures
@@ -61,12 +63,12 @@ def train_moons(ctx: oc.Context | None = None, epochs: int = EPOCHS, progress: b
     step_losses: list[float] = []
     bar = plot.progress(epochs * n_batches, label="training") if progress else None
     for epoch in range(epochs):
-        for b in range(n_batches):
-            routine.run(batch_n=b, step_n=epoch * n_batches + b)
-            step_losses.append(float(ctx.get(loss.value)))
-            if bar is not None and b == n_batches - 1:
-                bar.set_postfix(epoch_loss=f"{sum(step_losses[-n_batches:]):.4f}", refresh=False)
-                bar.update(n_batches)
+        first = epoch * n_batches
+        losses = routine.run_many(batch_n=range(n_batches), step_n=range(first, first + n_batches), record=loss)
+        step_losses.extend(losses.tolist())
+        if bar is not None:
+            bar.set_postfix(epoch_loss=f"{sum(step_losses[-n_batches:]):.4f}", refresh=False)
+            bar.update(n_batches)
     if bar is not None:
         bar.close()
     done = time.perf_counter()

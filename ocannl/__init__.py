@@ -1,6 +1,6 @@
 """ocannl: shape-inferred tensors, reverse-mode autodiff, a two-level IR and several backends.
 
-The public API (shared/DESIGN.md §4) is re-exported here: ``import ocannl as oc``.
+The public API (docs/design.md, "Public API") is re-exported here: ``import ocannl as oc``.
 """
 
 from ocannl import errors, init

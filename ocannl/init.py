@@ -1,7 +1,7 @@
-"""Parameter initializers and the session seed (shared/DESIGN.md §3, "Parameters").
+"""Parameter initializers and the session seed: how a parameter gets its first value.
 
 An initializer is a callable taking the parameter and returning its init code, which the runtime
-runs in the init routine of each context the parameter is compiled on (``ops.param_init_code``)::
+runs in the init routine of each context the parameter is compiled on (:func:`init_code`)::
 
     w = oc.param("w", output=16, init=oc.init.normal(std=0.1))
     v = oc.param("v", output=16, init=oc.init.glorot_uniform(gain=2.0))
@@ -15,25 +15,34 @@ the parameter is compiled; set it first with :func:`seed`. A session reset
 (``ocannl.session.reset``) restores :data:`DEFAULT_SEED`.
 
 Without ``init``, a weight (a parameter with input axes) gets :func:`glorot_uniform` and a bias 0
-(``ops.default_init``).
+(:func:`default_init`).
+
+This module sits below ``tensor.py``, which asks it for a parameter's init code: it reads a
+parameter only through its attributes (value node, id, dims, rows), so it imports no tensor.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable
+import numbers
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
 
 from ocannl import session
-from ocannl.lowlevel import prng
+from ocannl.errors import SessionError, ShapeError
+from ocannl.lowlevel import dtypes, prng
 from ocannl.lowlevel.assignments import Constant, Fetch
-from ocannl.tensor import Tensor
+
+if TYPE_CHECKING:
+    from ocannl.tensor import Tensor
 
 DEFAULT_SEED = 0
 """The seed of a fresh session: the moons demo and every test run under it."""
 
 _seed = DEFAULT_SEED
 
-Initializer = Callable[[Tensor], object]
+Initializer = Callable[["Tensor"], object]
 """Takes the parameter, returns its init code (an assignment)."""
 
 
@@ -82,7 +91,7 @@ def glorot_uniform(t: Tensor | float | None = None, *, gain: float = 1.0):
 
     ``glorot_uniform(t)`` returns ``t``'s init code (the default of a weight);
     ``glorot_uniform(gain=2.0)`` or ``glorot_uniform(2.0)`` returns an initializer."""
-    if t is None or not isinstance(t, Tensor):
+    if t is None or isinstance(t, numbers.Real):
         g = gain if t is None else float(t)
         return lambda p: glorot_uniform(p, gain=g)
     a = gain * glorot_limit(t)
@@ -99,3 +108,30 @@ def glorot_limit(t: Tensor) -> float:
 def constant(value: float) -> Initializer:
     """Every cell holds ``value``."""
     return lambda t: Fetch(t.value, Constant(float(value)))
+
+
+def default_init(t: Tensor):
+    """Glorot uniform for a weight (a parameter with input axes), 0 for a bias."""
+    if not t._shape.input.dims:
+        return Fetch(t.value, Constant(0.0))
+    return glorot_uniform(t)
+
+
+def init_code(t: Tensor):
+    """Parameter ``t``'s init code, from its ``init=``: a number fills it, an array is its
+    value, an initializer builds the code, and none is :func:`default_init`."""
+    init = t.init
+    if isinstance(init, (int, float)) and not isinstance(init, bool):
+        return Fetch(t.value, Constant(float(init)))
+    if isinstance(init, (np.ndarray, list, tuple)):
+        arr = np.asarray(init)
+        if arr.shape != t.dims:
+            raise ShapeError(f"parameter {t.label!r}: init array of shape {arr.shape} does not match its dims {t.dims}")
+        # Host values (bfloat16 as float32), rounded to the precision and range-checked here.
+        return dtypes.from_storage(t.dtype, dtypes.to_storage(t.dtype, arr, f"parameter {t.label!r}"))
+    if callable(init):
+        return init(t)
+    if init is None:
+        return default_init(t)
+    raise SessionError(f"parameter {t.label!r}: init={init!r} is not a number, an array or an initializer "
+                       f"(oc.param accepts those)")

@@ -1,29 +1,33 @@
 """Tensors: the nodes of the user's graph, each with an inferred shape and the op that made it.
 
 A :class:`Tensor` is a leaf (data from ``oc.tensor``, a number, a parameter ``oc.param``, an
-embedded index symbol) or the result of an operation from ``ops.py`` over operand tensors. Building
-an operation states its shape logic to the global solver at once, so ``t.shape`` shows everything
-known so far (``?`` for a dim not known yet); ``t.dims`` finalizes inference (defaults, closing
-rows) and returns the concrete dims in memory order (batch, output, input).
+embedded index symbol) or the result of an operation over operand tensors, which keeps the
+operation's definition (an ``OpDef`` of the catalog, ``ops.py``): its forward and backprop code
+come from there. Building an operation states its shape logic to the global solver at once, so
+``t.shape`` shows everything known so far (``?`` for a dim not known yet); ``t.dims`` finalizes
+inference (defaults, closing rows) and returns the concrete dims in memory order (batch, output,
+input).
 
 Operators mirror numpy: ``+ - * / **`` and comparisons are pointwise with broadcasting (Python
 numbers become scalar constants), ``@`` is compose (a's input axes contract with b's output axes).
+They call the catalog's functions, which ``ops.py`` registers here (:func:`register_catalog`) when
+it is imported: the catalog builds on this module, never the other way round.
 """
 
 from __future__ import annotations
 
-import itertools
 import keyword
 import numbers
 import operator
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from ocannl import session
 from ocannl.errors import IndexBindingError, SessionError, ShapeError
+from ocannl.init import init_code
 from ocannl.lowlevel import dtypes
-from ocannl.lowlevel.assignments import Assignment, Block, Computation
+from ocannl.lowlevel.assignments import Assignment, Block, Computation, EmbedSymbol, Fetch
 from ocannl.lowlevel.dtypes import DType
 from ocannl.lowlevel.indexing import IndexSymbol, Projections
 from ocannl.lowlevel.tnode import TNode, mark_materialized, mark_virtual
@@ -33,13 +37,10 @@ from ocannl.shape.projections import derive_projections
 from ocannl.shape.shape import KINDS, Row, Shape, format_rows
 from ocannl.shape.solver import Origin
 
-_tensor_ids = itertools.count(1)
+if TYPE_CHECKING:
+    from ocannl.ops import OpDef
 
-
-@session.on_reset
-def _reset_tensor_ids() -> None:
-    global _tensor_ids
-    _tensor_ids = itertools.count(1)
+_tensor_ids = session.Counter()
 
 
 class ShapeView:
@@ -90,15 +91,39 @@ class ShapeView:
     __hash__ = None  # type: ignore[assignment]
 
 
+_OPERATORS: dict[str, Callable[..., "Tensor"]] = {}
+"""The catalog's functions behind Tensor's operators, by name (``add`` for ``a + b``)."""
+
+_METHODS: dict[str, Callable[..., "Tensor"]] = {}
+"""The catalog's functions that are also tensor methods (``t.relu()``, ``t.sum(axes="batch")``)."""
+
+
+def register_catalog(operators: Mapping[str, Callable[..., "Tensor"]],
+                     methods: Mapping[str, Callable[..., "Tensor"]]) -> None:
+    """Called by the op catalog (``ops.py``) as it is imported, which ``import ocannl`` does
+    before any tensor exists: the functions Tensor's operators and methods call."""
+    _OPERATORS.update(operators)
+    _METHODS.update(methods)
+
+
+def _operator(name: str, reflected: bool = False) -> Callable[["Tensor", Any], "Tensor"]:
+    """A binary operator of Tensor calling the catalog's function ``name``; ``reflected`` for
+    the right-hand form (``1 - t`` is ``t.__rsub__(1)``, i.e. ``sub(1, t)``)."""
+    if reflected:
+        return lambda self, other: _OPERATORS[name](other, self)
+    return lambda self, other: _OPERATORS[name](self, other)
+
+
 class Tensor:
     """A node of the tensor graph. See the module docstring."""
 
     def __init__(self, *, op: str, label: str, shape: Shape, operands: Sequence["Tensor"] = (),
                  logic: ShapeLogic | None = None, data: np.ndarray | None = None,
                  init: Any = None, symbol: IndexSymbol | None = None, attrs: dict | None = None,
-                 source: str = "", dtype: DType = dtypes.DEFAULT):
+                 source: str = "", dtype: DType = dtypes.DEFAULT, definition: OpDef | None = None):
         self.id = next(_tensor_ids)
         self.op = op
+        self.definition = definition  # the operation that computes this tensor; None for a leaf
         self.label = label
         self._shape = shape
         self.operands = tuple(operands)
@@ -180,11 +205,10 @@ class Tensor:
         if self._requires_grad is None:
             # Operands first, in creation order, without recursion: a chain of thousands of ops
             # must not exhaust the Python stack.
-            non_differentiable = _ops().NON_DIFFERENTIABLE
             for u in subgraph(self, stop=lambda v: v._requires_grad is not None):
                 if u.is_param:
                     u._requires_grad = True
-                elif u.logic is None or u.op in non_differentiable:
+                elif u.definition is None or u.definition.gradient is None:
                     u._requires_grad = False
                 else:
                     u._requires_grad = any(o._requires_grad for o in u.operands)
@@ -205,8 +229,20 @@ class Tensor:
         return self.op == "number"
 
     def forward_code(self) -> Assignment:
-        """This op's own forward assignment (see the op catalog, ops.py)."""
-        return _ops().forward_code(self)
+        """This op's own forward assignment, from its definition; an embedded index symbol reads
+        the symbol's value."""
+        if self.op == "embed_index":
+            return Fetch(self.value, EmbedSymbol(self.symbol))  # type: ignore[arg-type]
+        if self.definition is None:
+            raise SessionError(f"tensor {self.label!r} is a leaf ({self.op}): it has no forward code")
+        return self.definition.forward(self)
+
+    def backward_code(self) -> list[Assignment]:
+        """The assignments adding this tensor's gradient into its operands' gradients, from its
+        op's definition (none for a leaf or an op without a gradient)."""
+        if not self.requires_grad or self.definition is None or self.definition.gradient is None:
+            return []
+        return self.definition.gradient(self)
 
     def to_computation(self) -> Computation:
         """The forward code of this tensor and everything it is computed from, in creation order
@@ -225,7 +261,7 @@ class Tensor:
         if self.op == "tensor":
             return (self.value, self.data)
         if self.is_param:
-            return (self.value, _ops().param_init_code(self))
+            return (self.value, init_code(self))
         return None
 
     def numpy(self, /, **bindings: int) -> np.ndarray:
@@ -313,35 +349,26 @@ class Tensor:
 
         return interop.export_device(self)
 
-    # Operators delegate to the op catalog (ops.py), where each op's logic lives.
-    def __add__(self, o): return _ops().add(self, o)
-    def __radd__(self, o): return _ops().add(o, self)
-    def __sub__(self, o): return _ops().sub(self, o)
-    def __rsub__(self, o): return _ops().sub(o, self)
-    def __mul__(self, o): return _ops().mul(self, o)
-    def __rmul__(self, o): return _ops().mul(o, self)
-    def __truediv__(self, o): return _ops().div(self, o)
-    def __rtruediv__(self, o): return _ops().div(o, self)
-    def __pow__(self, o): return _ops().pow(self, o)
-    def __rpow__(self, o): return _ops().pow(o, self)
-    def __matmul__(self, o): return _ops().compose(self, o)
-    def __rmatmul__(self, o): return _ops().compose(o, self)
-    def __neg__(self): return _ops().neg(self)
-    def __lt__(self, o): return _ops().lt(self, o)
-    def __gt__(self, o): return _ops().gt(self, o)
-    def __le__(self, o): return _ops().not_(_ops().gt(self, o))
-    def __ge__(self, o): return _ops().not_(_ops().lt(self, o))
-    def __eq__(self, o): return _ops().eq(self, o)  # type: ignore[override]
-    def __ne__(self, o): return _ops().ne(self, o)  # type: ignore[override]
+    # Operators call the catalog's functions (registered by ops.py).
+    __add__, __radd__ = _operator("add"), _operator("add", reflected=True)
+    __sub__, __rsub__ = _operator("sub"), _operator("sub", reflected=True)
+    __mul__, __rmul__ = _operator("mul"), _operator("mul", reflected=True)
+    __truediv__, __rtruediv__ = _operator("div"), _operator("div", reflected=True)
+    __pow__, __rpow__ = _operator("pow"), _operator("pow", reflected=True)
+    __matmul__, __rmatmul__ = _operator("compose"), _operator("compose", reflected=True)
+    __lt__, __gt__ = _operator("lt"), _operator("gt")
+    __eq__, __ne__ = _operator("eq"), _operator("ne")  # type: ignore[assignment]
+    __getitem__ = _operator("slice_batch")
 
-    def __getitem__(self, sym: IndexSymbol) -> "Tensor":
-        return _ops().slice_batch(self, sym)
+    def __neg__(self): return _OPERATORS["neg"](self)
+    def __le__(self, o): return _OPERATORS["not_"](_OPERATORS["gt"](self, o))
+    def __ge__(self, o): return _OPERATORS["not_"](_OPERATORS["lt"](self, o))
 
     def __getattr__(self, name: str):
         # Unary functions and reductions of the catalog are also methods: t.relu(), t.sum().
         if name.startswith("_"):
             raise AttributeError(name)
-        fn = _ops().METHODS.get(name)
+        fn = _METHODS.get(name)
         if fn is None:
             raise AttributeError(f"'Tensor' object has no attribute {name!r}")
         return lambda *args, **kw: fn(self, *args, **kw)
@@ -379,23 +406,19 @@ def subgraph(t: Tensor, stop: Callable[[Tensor], bool] | None = None) -> list[Te
     return [seen[i] for i in sorted(seen)]
 
 
-def _ops():
-    from ocannl import ops
-
-    return ops
-
-
 # ---------------------------------------------------------------------------------------------
 # Building tensors.
 
 
-def new_op(op: str, logic: ShapeLogic, operands: Sequence[Tensor], label: str | None = None,
+def new_op(definition: OpDef, logic: ShapeLogic, operands: Sequence[Tensor], label: str | None = None,
            spec: str | None = None, attrs: dict | None = None) -> Tensor:
-    """Create the result of ``op`` over ``operands`` and state its shape logic to the solver."""
+    """Create the result of the operation ``definition`` over ``operands`` and state its shape
+    logic to the solver (``OpDef.__call__`` in ops.py is the usual way here)."""
+    op = definition.name
     shape = Shape(Row.open(), Row.open(), Row.open(), tensor_label=label or op)
     source = solver_mod.caller_source()
     t = Tensor(op=op, label=label or op, shape=shape, operands=operands, logic=logic, attrs=attrs,
-               source=source, dtype=result_dtype(op, operands))
+               source=source, dtype=definition.dtype(operands), definition=definition)
     names = ["operand"] if len(operands) == 1 else [f"operand {i + 1}" for i in range(len(operands))]
     origin = Origin(op, label or "", source,
                     (("result", shape), *((f"{n} ({o.label})", o._shape) for n, o in zip(names, operands))),
@@ -416,18 +439,6 @@ def new_op(op: str, logic: ShapeLogic, operands: Sequence[Tensor], label: str | 
     return t
 
 
-def result_dtype(op: str, operands: Sequence[Tensor]) -> DType:
-    """The precision of an op's result: the highest float precision among its operands that are
-    not constants (numbers adapt to their consumer), float32 if none; a gather keeps its table's."""
-    if op == "take":
-        return operands[0].dtype
-    floats = [o.dtype for o in operands if not o.is_constant and o.dtype.is_float]
-    dtype = floats[0] if floats else dtypes.DEFAULT
-    for d in floats[1:]:
-        dtype = dtypes.promote(dtype, d)
-    return dtype
-
-
 def leaf(op: str, label: str, batch: Row, output: Row, input: Row, *, is_param: bool = False,
          **fields) -> Tensor:
     shape = Shape(batch, output, input, tensor_label=label, is_param=is_param, is_terminal=True)
@@ -439,7 +450,7 @@ def leaf(op: str, label: str, batch: Row, output: Row, input: Row, *, is_param: 
 def tensor(array, batch: int = 0, input: int = 0, label: str | None = None,
            dtype: DType | str | None = None) -> Tensor:
     """Data from a numpy array (or nested lists): the first ``batch`` axes are batch axes, the
-    last ``input`` axes input axes, the rest output axes (shared/DESIGN.md §4). Float data is
+    last ``input`` axes input axes, the rest output axes (docs/shapes.md, "Axis kinds"). Float data is
     float32 unless ``dtype`` says otherwise; integer data keeps its width (int64 stays int64,
     ``dtypes.default_for``). Another library's array (DLPack or the array interface: a torch
     tensor, say) keeps its own precision instead: a float64 torch tensor stays float64. A value the
@@ -501,7 +512,7 @@ def _row_of_sizes(sizes, what: str, label: str) -> Row:
 
 
 def _param_init(init: Any, label: str) -> Any:
-    """``oc.param``'s ``init=`` in the form the init code takes (ops.param_init_code): ``None``
+    """``oc.param``'s ``init=`` in the form the init code takes (``init.init_code``): ``None``
     (the default initializer), a float (every cell), a numpy array (the values, copied now: later
     changes to the source do not reach the parameter) or a callable initializer. Array-likes are
     anything numpy reads: nested lists, numpy arrays, objects with ``__array__`` or
@@ -541,7 +552,7 @@ def param(label: str, output=None, input=None, init=None, dtype: DType | str | N
     the parameter's uses (an error names the parameter when nothing determines them). Parameters
     have no batch axes. ``init`` is a number, an array-like of the parameter's dims (a numpy or
     torch array, nested lists; its values are copied when the parameter is created) or an
-    initializer from ``oc.init``; left out, ``ops.default_init`` chooses."""
+    initializer from ``oc.init``; left out, ``init.default_init`` chooses."""
     if not isinstance(label, str) or not label:
         raise TypeError("oc.param: the first argument is the parameter's label (a non-empty string)")
     dtype = dtypes.by_name(dtype) if isinstance(dtype, str) else (dtype or dtypes.DEFAULT)
@@ -582,7 +593,8 @@ def finish_inference() -> None:
 
 def _install_symbol_arithmetic() -> None:
     """An IndexSymbol in arithmetic acts as a scalar tensor holding its bound value
-    (shared/DESIGN.md §3); the compiler half defines the symbol, the frontend its arithmetic."""
+    (docs/training.md, "Routines and index symbols"); the compiler half defines the symbol, the
+    frontend its arithmetic."""
     for name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__",
                  "__truediv__", "__rtruediv__", "__neg__", "__lt__", "__gt__"):
         def method(self, *args, _name=name):

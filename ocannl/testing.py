@@ -258,6 +258,7 @@ def _binary_programs() -> list[Program]:
 
 def _structured_programs() -> list[Program]:
     import ocannl as oc
+    from ocannl import nn
 
     def x(shape, seed=4, batch=0, input=0):
         return oc.tensor(_data(shape, seed), batch=batch, input=input)
@@ -310,6 +311,9 @@ def _structured_programs() -> list[Program]:
             + oc.stack([_param("c", (5,), 3), _param("d", (5,), 4)]).sum(axes="output") * 0 )),
         Program("interleave and deinterleave", _forward_and_backward(
             lambda: oc.interleave(oc.deinterleave_odd(_param("a", (6,), 1)), _param("b", (3,), 2)))),
+        Program("batch norm with running statistics", _forward_and_backward(
+            lambda: nn.batch_norm(label="bn")(oc.einsum("b, h, c => b | h, c", _param("x", (4, 3, 2), 1)))),
+            runs=({},) * 2),
         Program("index symbol as a scalar", lambda: [oc.tensor(_data((3,), 1)) * (oc.IndexSymbol("step_n", 10) + 1)],
                 runs=({"step_n": 7},)),
     ]
@@ -358,10 +362,18 @@ def _prng_programs() -> list[Program]:
 
         return build
 
+    def dropout():
+        from ocannl import nn
+
+        return nn.dropout(_param("x", (4, 6), 1), 0.3)
+
     return [Program("PRNG default parameter init (Glorot uniform)", default_init, exact=True),
             Program("PRNG uniform bits float32", uniform_bits("float32"), exact=True),
             Program("PRNG uniform bits float64", uniform_bits("float64"), exact=True,
-                    needs=frozenset({"float64"}))]
+                    needs=frozenset({"float64"})),
+            # A new mask every run, from a run counter the routine increments (ocannl/random.py);
+            # a wrong mask bit is far outside the tolerance, which the summed loss needs.
+            Program("PRNG run-time draws (dropout)", _forward_and_backward(dropout), runs=({},) * 3)]
 
 
 def catalog() -> list[Program]:

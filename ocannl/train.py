@@ -1,4 +1,4 @@
-"""Training: gradients, optimizers and loops over index symbols (spec/frontend.md §6.1).
+"""Training: gradients, optimizers and loops over index symbols (docs/training.md).
 
 ``grad_update(loss)`` is one computation: the forward code, zeroing every gradient, ``loss.grad =
 1``, then each op's backprop in reverse creation order (a tensor's gradient is complete before its
@@ -23,7 +23,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from ocannl import checkpoint, ops, session
+from ocannl import checkpoint, session
 from ocannl.errors import ShapeError
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.assignments import Accum, Apply, Arg, Assignment, Block, Computation, Constant, Fetch, Init
@@ -50,7 +50,7 @@ class GradUpdate:
 
 def grad_update(loss: Tensor) -> GradUpdate:
     """Forward code, zero the gradients, ``loss.grad = 1``, backprop in reverse topological
-    order, as one computation (spec/frontend.md §3.1)."""
+    order, as one computation (docs/training.md, "Tensors and their code")."""
     finish_inference()
     if not loss.requires_grad:
         raise ShapeError(f"grad_update: {loss.label!r} does not depend on any parameter")
@@ -59,7 +59,7 @@ def grad_update(loss: Tensor) -> GradUpdate:
     differentiable = [u for u in graph if u.requires_grad]
     zero = Block(tuple(Fetch(u.grad, Constant(0.0)) for u in differentiable), comment="zero grads")
     backprop = Block(tuple(a for u in reversed(graph) if u.requires_grad and u.logic is not None
-                           for a in ops.backward_code(u)), comment=f"{loss.label} backprop")
+                           for a in u.backward_code()), comment=f"{loss.label} backprop")
     body = Block((forward.body, zero, Fetch(loss.grad, Constant(1.0)), backprop))
     params = [u for u in graph if u.is_param]
     return GradUpdate(loss, params, Computation(f"{loss.label}_grad_update", body, forward.inits))

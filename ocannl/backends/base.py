@@ -9,6 +9,7 @@ different index symbol bindings (shared/DESIGN.md §4)::
     ctx = Context.auto()                      # OCANNL_BACKEND, else the best available backend
     step = ctx.compile(update, sgd)           # Computations, or objects with .to_computation()
     step.run(batch_n=3)                       # bindings by index symbol name; they persist
+    losses = step.run_many(batch_n=range(80), record=loss)  # 80 steps in one call
     ctx.get(w)                                # a copy of w's buffer; ctx.set(w, array)
 
 Compiling also initializes: each computation's ``inits`` runs once per context for the nodes
@@ -20,10 +21,11 @@ its own). With ``debug_dir`` set
 
 from __future__ import annotations
 
+import functools
 import keyword
-
 import operator
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
@@ -44,7 +46,16 @@ from ocannl.lowlevel.tnode import TNode, sanitize_identifier
 
 class Executable(Protocol):
     """A compiled routine: runs over the context's buffers (numpy arrays, or what the backend's
-    :class:`BufferOwner` makes) with the index symbols bound."""
+    :class:`BufferOwner` makes) with the index symbols bound.
+
+    Two methods are optional; :class:`Routine` works without them (docs/backends.md):
+
+    - ``prepare(buffers) -> call``: ``call(bindings)`` runs as ``run(buffers, bindings)`` does,
+      with the buffers checked once, in ``prepare``; a routine keeps the call while the context's
+      buffers stay the same, so each ``run()`` pays only for its bindings.
+    - ``run_many(buffers, symbols, steps, records) -> outputs``: :func:`run_steps`'s contract,
+      in one native call.
+    """
 
     def run(self, buffers: Mapping[TNode, Any], bindings: Mapping[IndexSymbol, int]) -> None: ...
 
@@ -219,6 +230,18 @@ def _metal() -> Backend:
 register_backend("metal", _metal, preference=-1)  # emulated (the C++ shim): never a default
 
 
+_epoch = 0
+"""Advanced by every change to what a full :meth:`Routine.run` checks or records: a buffer
+created or replaced, a node inlined, a routine's writes recorded (:func:`last_writer`). While
+it stays at the value a routine saw after its last full run, running it again would check and
+record nothing new, so :meth:`Routine.run` skips straight to the executable."""
+
+
+def _advance_epoch() -> None:
+    global _epoch
+    _epoch += 1
+
+
 @dataclass
 class ContextStats:
     compilations: int = 0
@@ -276,13 +299,14 @@ class Context:
         the last routine computing it inlined has no value: the error says how to keep it.
         ``tnode`` may also be a tensor (its value node)."""
         tnode = _node(tnode)
-        if tnode in self._inlined:
-            raise SessionError(_inlined_message(tnode, self._inlined[tnode]))
-        if tnode not in self._buffers:
+        buffer = self._buffers.get(tnode)
+        if buffer is None or tnode in self._inlined:
+            if tnode in self._inlined:
+                raise SessionError(_inlined_message(tnode, self._inlined[tnode]))
             raise SessionError(
                 f"{tnode.debug_name} has no value on this context: run a routine that computes it, or set it"
             )
-        return dtypes.from_storage(tnode.dtype, self._memory.to_host(self._buffers[tnode]))
+        return dtypes.from_storage(tnode.dtype, self._memory.to_host(buffer))
 
     def buffer(self, tnode: TNode) -> Any:
         """``tnode``'s buffer itself, not a copy: a numpy array in the node's storage dtype, or
@@ -306,12 +330,15 @@ class Context:
                 f"cannot set {tnode.debug_name} (dims {tnode.dims}) from an array of shape {value.shape}"
             )
         stored = dtypes.to_storage(tnode.dtype, value, tnode.debug_name)
-        self._buffers[tnode] = self._memory.from_host(np.ascontiguousarray(stored).copy())
+        # A copy in C order that keeps a 0-d value 0-d (np.ascontiguousarray would make it 1-d).
+        self._buffers[tnode] = self._memory.from_host(np.array(stored, order="C"))
         self._inlined.pop(tnode, None)
+        _advance_epoch()
 
     def _buffer(self, tnode: TNode) -> Any:
         if tnode not in self._buffers:
             self._buffers[tnode] = self._memory.zeros(_buffer_shape(tnode), tnode.dtype.storage)
+            _advance_epoch()
         return self._buffers[tnode]
 
     # -- compilation ----------------------------------------------------------------------------
@@ -392,15 +419,22 @@ class Routine:
 
     def __init__(self, context: Context, ir: RoutineIR, executable: Executable):
         self.context = context
+        self._stats = context.stats
         self.ir = ir
         self._executable = executable
-        self._symbols = {s.name: s for s in ir.static_symbols}
+        self._symbols = {s.name: (s, binding_limit(s)) for s in ir.static_symbols}
+        """Name -> the symbol and the bound of its values."""
         self._bindings: dict[IndexSymbol, int] = {}
         self._inputs: frozenset[TNode] = frozenset()
         self._inlined: frozenset[TNode] = frozenset()
         """Nodes this routine computes inline (virtualized): they get no buffer."""
         self._nodes = tuple(dict.fromkeys(ir.reads + ir.writes))
         self._context_ref = weakref.ref(context)
+        self._buffers: dict[TNode, Any] = {}
+        self._call: Callable[[Mapping[IndexSymbol, int]], None] | None = None
+        """The executable bound to ``_buffers`` (made by :meth:`_prepare`)."""
+        self._epoch = -1
+        """The module's ``_epoch`` after this routine's last full run."""
 
     @property
     def name(self) -> str:
@@ -409,9 +443,69 @@ class Routine:
     def run(self, /, **bindings: int) -> None:
         """Bind index symbols by name (a value stays bound until changed), then run. ``self`` is
         positional-only so that any name binds, ``self`` included (``run(**{"def": 3})`` for a
-        name that is a Python keyword)."""
+        name that is a Python keyword).
+
+        A run repeating the last one but for its bindings (nothing set, created or inlined on
+        any context since) goes straight to the executable: its checks passed last time and its
+        records would not change (see ``_epoch``)."""
+        symbols, values = self._symbols, self._bindings
         for key, value in bindings.items():
-            self._bind(key, value)
+            entry = symbols.get(key)
+            if entry is not None and type(value) is int and 0 <= value < entry[1]:  # _bind's common case
+                values[entry[0]] = value
+            else:
+                self._bind(key, value)
+        if self._epoch == _epoch:
+            self._call(values)
+            self._stats.runs += 1
+            return
+        self._prepare()
+        self._call(values)
+        self._finish(1)
+
+    def run_many(self, /, record: Any = None, **bindings: Sequence[int]) -> np.ndarray | list[np.ndarray] | None:
+        """Run ``n`` steps in one call: each binding is a sequence of ``n`` ints, step ``i``
+        binding the ``i``-th values (symbols not given keep their bound value); the results are
+        those of ``n`` calls of :meth:`run`, bit for bit, and the last step's values stay bound.
+        ``record``: a tensor (or a list of them) read after every step; returns an array of
+        shape ``(n, *t.dims)`` (or a list of them, in order), as :meth:`Context.get` reads it;
+        ``None`` without ``record``. The C backend runs the steps in one C call, the others
+        loop over their run; an empty sequence runs nothing. Every value is checked before the
+        first step; one out of range is refused naming its symbol and step, and a step that
+        fails raises its error naming the step, after the steps before it. A symbol named
+        ``record`` can be bound only through :meth:`run`."""
+        single = record is not None and not isinstance(record, (list, tuple))
+        records = () if record is None else tuple(self._recorded(r) for r in ([record] if single else record))
+        steps = self._steps(bindings)
+        n = len(steps)
+        if n:
+            symbols = self.ir.static_symbols
+            if self._epoch != _epoch:
+                self._bindings.update(zip(symbols, steps[0].tolist()))  # as run() binds before its checks
+                self._prepare()
+            native = getattr(self._executable, "run_many", None)
+            try:
+                if native is not None:
+                    outputs = native(self._buffers, symbols, steps, records)
+                else:
+                    outputs = run_steps(self._executable, self._buffers, symbols, steps, records,
+                                        self.context._memory.to_host)
+            except (OcannlError, ZeroDivisionError) as e:
+                failed = getattr(e, "step", None)
+                if failed is not None:  # steps before it ran, as n calls of run() would have
+                    self._bindings.update(zip(symbols, steps[failed].tolist()))
+                    if failed:
+                        self._finish(failed)
+                raise
+            self._bindings.update(zip(symbols, steps[-1].tolist()))
+            self._finish(n)
+        else:
+            outputs = [np.empty((0, *_buffer_shape(node)), node.dtype.storage) for node in records]
+        values = [dtypes.from_storage(node.dtype, out) for node, out in zip(records, outputs)]
+        return None if record is None else values[0] if single else values
+
+    def _prepare(self) -> None:
+        """The checks of a full run, then the buffers and the executable bound to them."""
         missing = [s.name for s in self.ir.static_symbols if s not in self._bindings]
         if missing:
             raise IndexBindingError(
@@ -425,22 +519,91 @@ class Routine:
                     f"routine {self.name} reads {node.debug_name}, but routine {inlined[node]} computed it inline "
                     f"(virtualized) without storing it. {_how_to_keep(node, inlined[node])}"
                 )
-        buffers = {node: self.context._buffer(node) for node in self._nodes}
-        self._executable.run(buffers, self._bindings)
-        self.context.stats.runs += 1
-        for node in self._inlined:
-            inlined[node] = self.name
-        context_ref = self._context_ref
-        for node in self.ir.writes:
-            inlined.pop(node, None)
-            _last_writer[node.id] = context_ref
+        self._buffers = {node: self.context._buffer(node) for node in self._nodes}
+        prepare = getattr(self._executable, "prepare", None)
+        self._call = (prepare(self._buffers) if prepare is not None
+                      else functools.partial(self._executable.run, self._buffers))
 
-    def _bind(self, key: str, value: Any) -> None:
-        symbol = self._symbols.get(key)
-        if symbol is None:
+    def _finish(self, runs: int) -> None:
+        """Record ``runs`` completed runs: what they computed inline, and what they wrote. The
+        epoch advances only if that changed the records, so routines run in alternation (a
+        training step, then an evaluation) keep their fast paths."""
+        self._stats.runs += runs
+        if self._epoch == _epoch:  # recorded by the last full run, and nothing changed since
+            return
+        inlined, context = self.context._inlined, self.context
+        changed = False
+        for node in self._inlined:
+            if inlined.get(node) != self.name:
+                inlined[node] = self.name
+                changed = True
+        for node in self.ir.writes:
+            if inlined.pop(node, None) is not None:
+                changed = True
+            writer = _last_writer.get(node.id)
+            if writer is None or writer() is not context:
+                _last_writer[node.id] = self._context_ref
+                changed = True
+        if changed:
+            _advance_epoch()
+        self._epoch = _epoch
+
+    def _symbol(self, key: str) -> tuple[IndexSymbol, int]:
+        """The symbol named ``key`` and its bound (:func:`binding_limit`)."""
+        entry = self._symbols.get(key)
+        if entry is None:
             known = ", ".join(self._symbols) or "none"
             raise IndexBindingError(f"routine {self.name} has no index symbol {key!r} (it reads: {known})")
+        return entry
+
+    def _bind(self, key: str, value: Any) -> None:
+        symbol = self._symbol(key)[0]
         self._bindings[symbol] = check_binding(symbol, value, self.name)
+
+    def _steps(self, bindings: Mapping[str, Any]) -> np.ndarray:
+        """The ``(n, len(static_symbols))`` int64 table of ``run_many``'s steps, every value checked."""
+        columns: dict[IndexSymbol, np.ndarray] = {}
+        for key, values in bindings.items():
+            symbol = self._symbol(key)[0]
+            columns[symbol] = step_bindings(symbol, values, self.name)
+        lengths = {len(c) for c in columns.values()}
+        if len(lengths) > 1:
+            given = ", ".join(f"{s.name} has {len(c)}" for s, c in columns.items())
+            raise IndexBindingError(f"routine {self.name}: run_many needs one value per step for every symbol, "
+                                    f"all sequences of one length; {given}")
+        if not columns:
+            if not self._symbols:
+                raise IndexBindingError(f"routine {self.name} reads no index symbol, so run_many has no sequence to "
+                                        f"take its number of steps from: call run() once per step")
+            raise IndexBindingError(
+                f"routine {self.name}: run_many takes the number of steps from its bindings, a sequence per index "
+                f"symbol, and got none: e.g. run_many({next(iter(self._symbols))}=range(10))"
+            )
+        n = lengths.pop()
+        symbols = self.ir.static_symbols
+        if n:
+            missing = [s.name for s in symbols if s not in columns and s not in self._bindings]
+            if missing:
+                raise IndexBindingError(
+                    f"routine {self.name} reads index symbol(s) {', '.join(missing)} that have no value: pass a "
+                    f"sequence to run_many(), or bind a value with run()"
+                )
+        steps = np.empty((n, len(symbols)), np.int64)
+        for k, symbol in enumerate(symbols):
+            steps[:, k] = columns[symbol] if symbol in columns else self._bindings.get(symbol, 0)
+        return steps
+
+    def _recorded(self, item: Any) -> TNode:
+        """The node ``record=`` names, checked to hold a value after every step."""
+        node = _node(item)
+        if node in self._inlined:
+            raise SessionError(_inlined_message(node, self.name))
+        if node not in self._nodes:
+            raise SessionError(
+                f"routine {self.name} neither reads nor writes {node.debug_name}, so run_many cannot record it: "
+                f"record tensors the routine computes (read any other with ctx.get)"
+            )
+        return node
 
     def __repr__(self) -> str:
         return f"Routine({self.name!r})"
@@ -448,6 +611,11 @@ class Routine:
 
 BINDING_LIMIT = 2**63
 """Bindings are passed to every backend as signed 64-bit integers: values are below this."""
+
+
+def binding_limit(symbol: IndexSymbol) -> int:
+    """The exclusive bound of ``symbol``'s values: its size, else :data:`BINDING_LIMIT`."""
+    return symbol.size if symbol.size is not None and symbol.size <= BINDING_LIMIT else BINDING_LIMIT
 
 
 def check_binding(symbol: IndexSymbol, value: Any, routine: str) -> int:
@@ -469,13 +637,98 @@ def check_binding(symbol: IndexSymbol, value: Any, routine: str) -> int:
             f"({type(value).__name__})"
         ) from None
     sized = symbol.size is not None and symbol.size <= BINDING_LIMIT
-    limit = symbol.size if sized else BINDING_LIMIT
+    limit = binding_limit(symbol)
     if not 0 <= v < limit:
         what = f"its size {symbol.size}" if sized else "a 64-bit index (2**63)"
         raise IndexBindingError(
             f"routine {routine}: index symbol {symbol.name} = {v} is outside [0, {limit}), the range of {what}"
         )
     return v
+
+
+def step_bindings(symbol: IndexSymbol, values: Any, routine: str) -> np.ndarray:
+    """``values``, one binding of ``symbol`` per step of a ``run_many``, as an int64 array: each
+    checked as :func:`check_binding` checks a single one, the first it refuses named with its step.
+    Python ints (in a list, tuple or range) and numpy integer arrays are checked at once; other
+    elements one at a time."""
+    if isinstance(values, np.ndarray):
+        if values.ndim != 1:
+            raise IndexBindingError(f"routine {routine}: run_many binds {symbol.name} to one value per step, a "
+                                    f"sequence; got an array of shape {values.shape}")
+        if values.dtype.kind in "iu":
+            return _step_integers(symbol, values, routine)
+        items = values
+    elif isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise IndexBindingError(
+            f"routine {routine}: run_many binds {symbol.name} to a sequence of ints, one per step; got {values!r} "
+            f"({type(values).__name__}): for a value kept at every step, pass [value] * n or bind it with run()"
+        )
+    elif isinstance(values, range):
+        if not values or 0 <= min(values[0], values[-1]) and max(values[0], values[-1]) < binding_limit(symbol):
+            return np.arange(values.start, values.stop, values.step, dtype=np.int64)
+        items = values
+    else:
+        items = list(values)
+        if set(map(type, items)) <= {int} and (not items or 0 <= min(items) and max(items) < binding_limit(symbol)):
+            return np.array(items, np.int64)
+    checked = []
+    for step, value in enumerate(items):
+        try:
+            checked.append(check_binding(symbol, value, routine))
+        except IndexBindingError as e:
+            raise at_step(e, step) from None
+    return np.array(checked, np.int64)
+
+
+def _step_integers(symbol: IndexSymbol, values: np.ndarray, routine: str) -> np.ndarray:
+    """A numpy integer array of bindings, range-checked as a whole (see :func:`step_bindings`)."""
+    limit = binding_limit(symbol)
+    if values.dtype.kind == "u":
+        wide = values.astype(np.uint64)
+        refused = wide >= np.uint64(limit)
+    else:
+        wide = values.astype(np.int64)
+        refused = wide < 0
+        if limit < BINDING_LIMIT:
+            refused |= wide >= limit
+    if refused.any():
+        step = int(np.flatnonzero(refused)[0])
+        try:
+            check_binding(symbol, values[step], routine)
+        except IndexBindingError as e:
+            raise at_step(e, step) from None
+    return wide.astype(np.int64, copy=False)
+
+
+def at_step(error: Exception, step: int) -> Exception:
+    """``error``, raised at step ``step`` of a ``run_many``, as an error of its type whose message
+    names the step, with the step in its ``step`` attribute (the routine then knows which steps
+    completed)."""
+    try:
+        stepped = type(error)(f"{error} (at step {step} of run_many)")
+    except TypeError:  # an error type whose constructor takes more than a message
+        stepped = error
+        error.add_note(f"at step {step} of run_many")
+    stepped.step = step
+    return stepped
+
+
+def run_steps(executable: Executable, buffers: Mapping[TNode, Any], symbols: Sequence[IndexSymbol],
+              steps: np.ndarray, records: Sequence[TNode], to_host: Callable[[Any], np.ndarray]) -> list[np.ndarray]:
+    """``run_many`` for an executable without a native one: ``executable.run`` once per row of
+    ``steps`` (an ``(n, len(symbols))`` int64 array, row ``i`` binding step ``i``'s values, all
+    checked). Returns, per node of ``records``, an array ``(n, *buffer shape)`` in the node's
+    storage dtype holding its buffer after each step (read through ``to_host``, the context's
+    :class:`BufferOwner`). An error at step ``i`` is raised through :func:`at_step`."""
+    outputs = [np.empty((len(steps), *_buffer_shape(node)), node.dtype.storage) for node in records]
+    for step, row in enumerate(steps.tolist()):
+        try:
+            executable.run(buffers, dict(zip(symbols, row)))
+        except (OcannlError, ZeroDivisionError) as e:
+            raise at_step(e, step) from None
+        for output, node in zip(outputs, records):
+            output[step] = np.asarray(to_host(buffers[node])).reshape(output.shape[1:])
+    return outputs
 
 
 def _node(x: Any) -> TNode:
@@ -540,6 +793,7 @@ def set_default_context(ctx: Context | None) -> None:
 def _forget_default_context() -> None:
     set_default_context(None)
     _last_writer.clear()
+    _advance_epoch()
 
 
 def _run_call_example(name: str) -> str:

@@ -229,4 +229,4 @@ def from_storage(dtype: DType, array: np.ndarray) -> np.ndarray:
     """A buffer's values as the host sees them: a new array, bfloat16 widened to float32."""
     if dtype is bfloat16:
         return bfloat16_bits_to_float32(array)
-    return np.array(array, dtype=dtype.storage, copy=True)
+    return array.astype(dtype.storage)  # a copy: astype copies unless told not to

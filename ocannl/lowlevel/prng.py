@@ -37,6 +37,12 @@ tensor's id, its creation order), ``draw`` tells apart the independent uniforms 
 cell (0, and 1 for the second uniform of :func:`normal_fill`). The counter is
 ``uint4x32_of(cell_offset())``. Each argument must fit in 32 unsigned bits.
 
+**Draws made at run time** (``ocannl/random.py``: dropout masks) are new on every run of a
+routine. Their key folds a run number ``r`` (a uint32 the routine reads from a buffer) into the
+stream's key by one more Threefry block, as JAX's ``fold_in``:
+``run_key(k, r) = threefry4x32(k, uint4x32_of(r))``; the cell's bits are then
+``threefry4x32(run_key(key(seed, stream), r), uint4x32_of(cell_offset()))``.
+
 The arithmetic around the uniforms is ordinary IR in the node's compute type, one rounding per
 operation and no contraction (shared/DESIGN.md §3): the uniform fill is bit-exact on every
 backend; the normal fill goes through ``log``, ``sqrt`` and ``cos``, so it is as exact as the
@@ -74,6 +80,19 @@ def counter() -> Apply:
 
 def uniform(k: tuple[int, int, int, int]) -> Apply:
     """A uniform in [0, 1) per cell: ``uniform1(threefry4x32(k, counter()))``."""
+    return uniform_of_key(k)
+
+
+def run_key(k: tuple[int, int, int, int], run) -> Apply:
+    """The key of run ``run`` of the stream keyed ``k``: ``threefry4x32(k, uint4x32_of(run))``,
+    with ``run`` an expression of type uint32 (an :class:`~ocannl.lowlevel.assignments.Arg`
+    reading a run counter); see "Draws made at run time" above."""
+    return Apply(Binop.THREEFRY4X32, (k, Apply(Unop.UINT4X32_OF, (run,))))
+
+
+def uniform_of_key(k) -> Apply:
+    """A uniform in [0, 1) per cell under the key expression ``k`` (a constant key or a
+    :func:`run_key`): ``uniform1(threefry4x32(k, counter()))``."""
     return Apply(Unop.UNIFORM1, (Apply(Binop.THREEFRY4X32, (k, counter())),))
 
 

@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import Mapping
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from ocannl.backends.base import at_step
+from ocannl.backends.base import at_step
 from ocannl.backends.c.compiler import compile_shared, toolchain
 from ocannl.backends.c.emit import CSource, emit_c
 from ocannl.backends.native import buffer_address, raise_for_status
 from ocannl.backends.shared_library import SharedLibrary
-from ocannl.errors import BackendUnavailable
+from ocannl.errors import BackendUnavailable, OcannlError
 from ocannl.lowlevel.indexing import IndexSymbol
 from ocannl.lowlevel.ir import RoutineIR
 from ocannl.lowlevel.tnode import TNode
@@ -55,24 +57,69 @@ class CExecutable:
         self.debug_files = {".c": source.text}
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read when libgomp loads
         # The only reference to the library's code: unmapped when this executable is collected.
-        # Called through its packed entry (emit.py): buffers and symbols as two arrays, since a
+        # Called through its packed entries (emit.py): buffers and symbols as arrays, since a
         # ctypes call takes at most 1024 arguments.
-        self._function = SharedLibrary(library, "the C compiler").function(
-            source.entry, ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p])
+        shared = SharedLibrary(library, "the C compiler")
+        self._function = shared.function(source.entry, ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p])
+        self._function.argtypes = None  # called with ctypes arrays only, passed as pointers unconverted
+        self._steps_function = shared.function(source.steps_entry, ctypes.c_int, [
+            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+            ctypes.c_void_p, ctypes.c_void_p])
         self._sizes = [n.size * n.dtype.lanes for n in source.nodes]
-        self._checked: list[np.ndarray] | None = None
-        self._addresses = (ctypes.c_void_p * len(source.nodes))()
-        self._symbols = (ctypes.c_int64 * len(source.symbols))()
+        self._prepared: Callable[[Mapping[IndexSymbol, int]], None] | None = None
 
     def run(self, buffers: Mapping[TNode, np.ndarray], bindings: Mapping[IndexSymbol, int]) -> None:
+        self.prepare(buffers)(bindings)
+
+    def prepare(self, buffers: Mapping[TNode, np.ndarray]) -> Callable[[Mapping[IndexSymbol, int]], None]:
+        """A call running the kernel on ``buffers``, checked here once: each call then only
+        stores the bindings and calls C. The call holds the arrays, so their addresses stay
+        valid while it lives; the same arrays next time reuse it."""
         arrays = [buffers[node] for node in self.source.nodes]
-        if self._checked is None or any(a is not b for a, b in zip(arrays, self._checked)):
-            self._addresses[:] = self._check_buffers(arrays)
-            self._checked = arrays  # the same arrays next run: their addresses stay valid
-        # Bindings were checked by Routine.run (base.check_binding): each fits in 64 bits.
-        self._symbols[:] = [bindings[symbol] for symbol in self.source.symbols]
-        status = self._function(self._addresses, self._symbols)
-        raise_for_status(status, self.source.sites)
+        if self._prepared is None or any(a is not b for a, b in zip(arrays, self._prepared.arrays)):
+            self._prepared = self._call_on(arrays)
+        return self._prepared
+
+    def _call_on(self, arrays: list[np.ndarray]) -> Callable[[Mapping[IndexSymbol, int]], None]:
+        addresses = (ctypes.c_void_p * len(arrays))(*self._check_buffers(arrays))
+        symbols = (ctypes.c_int64 * len(self.source.symbols))()
+        slots, function, sites = tuple(enumerate(self.source.symbols)), self._function, self.source.sites
+
+        def call(bindings: Mapping[IndexSymbol, int]) -> None:
+            # Bindings were checked by Routine.run (base.check_binding): each fits in 64 bits.
+            for k, symbol in slots:
+                symbols[k] = bindings[symbol]
+            status = function(addresses, symbols)
+            if status:
+                raise_for_status(status, sites)
+
+        call.arrays, call.addresses = arrays, addresses
+        return call
+
+    def run_many(self, buffers: Mapping[TNode, np.ndarray], symbols: Sequence[IndexSymbol], steps: np.ndarray,
+                 records: Sequence[TNode]) -> list[np.ndarray]:
+        """Every step in one call of the ``_steps`` entry (emit.py), which copies the recorded
+        buffers after each step: the contract of ``ocannl.backends.base.run_steps``."""
+        addresses = self.prepare(buffers).addresses
+        table = np.ascontiguousarray(steps[:, [symbols.index(s) for s in self.source.symbols]], np.int64)
+        n, sources, sizes, outputs = len(table), [], [], []
+        for node in records:
+            array = buffers[node]
+            sources.append(buffer_address(node, node.size * node.dtype.lanes, array, self.routine))
+            sizes.append(array.nbytes)
+            outputs.append(np.empty((n, *array.shape), array.dtype))
+        pointers = ctypes.c_void_p * len(records)
+        failed = ctypes.c_int64(-1)
+        status = self._steps_function(
+            addresses, table.ctypes.data, n, len(records), pointers(*sources),
+            pointers(*(out.ctypes.data for out in outputs)), (ctypes.c_int64 * len(records))(*sizes),
+            ctypes.byref(failed))
+        if status:
+            try:
+                raise_for_status(status, self.source.sites)
+            except (OcannlError, ZeroDivisionError) as e:
+                raise at_step(e, failed.value) from None
+        return outputs
 
     def _check_buffers(self, arrays: list[np.ndarray]) -> list[int]:
         """The arrays' addresses, after checking each fits its node and none overlap."""

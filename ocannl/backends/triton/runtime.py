@@ -22,11 +22,12 @@ import sys
 import tempfile
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from ocannl.backends import cache
+from ocannl.backends.base import at_step
 from ocannl.errors import OutOfBoundsError
 from ocannl.lowlevel.indexing import IndexSymbol
 from ocannl.lowlevel.tnode import TNode
@@ -86,7 +87,7 @@ class TorchBuffers:
         return self.torch.zeros(shape, dtype=_torch_dtype(self.torch, dtype), device=self.device)
 
     def from_host(self, array: np.ndarray) -> Any:
-        return self.torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
+        return self.torch.from_numpy(np.asarray(array, order="C")).to(self.device)  # a 0-d value stays 0-d
 
     def to_host(self, buffer: Any) -> np.ndarray:
         return buffer.detach().cpu().numpy()
@@ -151,3 +152,18 @@ class TritonExecutable:
                 f"without a size bound past the axis it indexes); the Triton backend skipped or clamped those "
                 f"accesses (run the routine on the interp backend to see where)"
             )
+
+    def run_many(self, buffers: Mapping[TNode, Any], symbols: Sequence[IndexSymbol], steps: np.ndarray,
+                 records: Sequence[TNode]) -> list[np.ndarray]:
+        """The steps launched from Python (ocannl/backends/base.py, ``run_steps``), each recorded
+        tensor copied on the device after every step and brought to the host once, at the end:
+        a GPU is not made to wait for the host at every step."""
+        outputs = [buffers[node].new_empty((len(steps), *buffers[node].shape)) for node in records]
+        for step, row in enumerate(steps.tolist()):
+            try:
+                self.run(buffers, dict(zip(symbols, row)))
+            except OutOfBoundsError as e:
+                raise at_step(e, step) from None
+            for output, node in zip(outputs, records):
+                output[step].copy_(buffers[node])
+        return [output.cpu().numpy() for output in outputs]
