@@ -7,8 +7,9 @@ STAMP := $(VENV)/.installed-dev-triton
 # The demo's pictures (loss curve, decision boundary, progress bar) come from the plot extra.
 DEMO_STAMP := $(VENV)/.installed-plot
 
-# The triton extra (triton, torch) is part of the test install. Without a GPU, torch is pinned to
-# its CPU build (constraints-cpu.txt) and Triton's tests run in its CPU interpreter
+# The triton extra (triton, torch) is part of the test install, and so is the examples extra
+# (scikit-learn, whose bundled digits the digits example's tests train on). Without a GPU, torch
+# is pinned to its CPU build (constraints-cpu.txt) and Triton's tests run in its CPU interpreter
 # (TRITON_INTERPRET=1, which Context.auto() never picks); with one, pip takes the CUDA build.
 GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 ifneq ($(GPU),yes)
@@ -23,13 +24,13 @@ $(PY):
 
 $(STAMP): $(PY) pyproject.toml constraints-cpu.txt examples/numpy_loops/pyproject.toml
 ifeq ($(GPU),yes)
-	$(PY) -m pip install --quiet -e '.[dev,triton]'
+	$(PY) -m pip install --quiet -e '.[dev,triton,examples]'
 else
 	# The CPU torch build where the configured indexes or wheel folders have it; without it the
 	# Triton tests skip (they say why) and everything else runs.
-	$(PY) -m pip install --quiet -e '.[dev,triton]' -c constraints-cpu.txt \
+	$(PY) -m pip install --quiet -e '.[dev,triton,examples]' -c constraints-cpu.txt \
 	  || { echo "note: no CPU build of torch to install here: the Triton tests will skip"; \
-	       $(PY) -m pip install --quiet -e '.[dev]'; }
+	       $(PY) -m pip install --quiet -e '.[dev,examples]'; }
 endif
 	# The example backend of docs/backends.md, found through its entry point by the kit's tests.
 	$(PY) -m pip install --quiet --no-deps -e examples/numpy_loops

@@ -3,7 +3,7 @@
 The public API (docs/design.md, "Public API") is re-exported here: ``import ocannl as oc``.
 """
 
-from ocannl import errors, init
+from ocannl import cd, errors, init
 from ocannl.backends.base import Context
 from ocannl.checkpoint import load, save
 from ocannl.explain import explain_shapes
@@ -17,7 +17,7 @@ from ocannl.ops import (DimRef, abs, add, compose, concat, cos, deinterleave_eve
 from ocannl.tensor import Tensor, number, param, tensor
 
 __all__ = [
-    "errors", "init", "seed", "Context", "explain_shapes", "IndexSymbol", "Tensor", "tensor", "param", "number", "DimRef",
+    "cd", "errors", "init", "seed", "Context", "explain_shapes", "IndexSymbol", "Tensor", "tensor", "param", "number", "DimRef",
     "abs", "add", "compose", "cos", "div", "einmax", "einsum", "eq", "exp", "exp2", "fma", "gt",
     "log", "log2", "lt", "max", "maximum", "mean", "minimum", "mul", "ne", "neg", "not_",
     "outer_sum", "pow", "recip", "recip_sqrt", "relu", "sat01", "sigmoid", "sin", "slice_batch",

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from ocannl.errors import OcannlError
+from ocannl.lowlevel import dtypes
 
 CONFIG_FILE = "ocannl_config"
 
@@ -97,3 +98,20 @@ def flag(name: str, argument: bool | None = None, default: bool = False) -> bool
     if value.strip().lower() in _FALSE:
         return False
     raise OcannlError(f"setting {name} must be one of {', '.join(_TRUE + _FALSE)}, got {value!r}")
+
+
+PARAM_PRECISIONS = ("float32", "float64", "float16", "bfloat16")
+
+
+def param_precision(argument: str | None = None) -> dtypes.DType:
+    """The precision of parameters created without ``dtype=``: setting ``param_precision``
+    (``OCANNL_PARAM_PRECISION=bfloat16``), float32 by default. A float16 or bfloat16 parameter is
+    stored in 16 bits while its gradient and its optimizer state are float32, so this one setting
+    trains a model with 16-bit weights and float32 accumulation (docs/precisions.md). Read when
+    each parameter is created, so it must be set before the model is built."""
+    name = get("param_precision", argument, "float32").strip().lower()
+    if name not in PARAM_PRECISIONS:
+        where = "an argument" if argument is not None else origin("param_precision")
+        raise dtypes.DTypeError(f"setting param_precision (from {where}) must be one of "
+                                f"{', '.join(PARAM_PRECISIONS)}: parameters are floats; got {name!r}")
+    return dtypes.by_name(name)

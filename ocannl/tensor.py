@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ocannl import session
+from ocannl import config, session
 from ocannl.errors import IndexBindingError, SessionError, ShapeError
 from ocannl.init import init_code
 from ocannl.lowlevel import dtypes
@@ -380,7 +380,10 @@ class GradNode(TNode):
     __slots__ = ("tensor",)
 
     def __init__(self, t: Tensor):
-        super().__init__(t.label, dims=lambda: t.dims, dtype=t.dtype, grad_of=t.value)
+        # A gradient is a sum over every use of ``t``: a float16 or bfloat16 tensor's gradient is
+        # float32 (its compute type), so that it accumulates without rounding to 16 bits per term.
+        super().__init__(t.label, dims=lambda: t.dims, dtype=t.dtype.compute if t.dtype.is_float else t.dtype,
+                         grad_of=t.value)
         self.tensor = t
 
     def numpy(self) -> np.ndarray:
@@ -552,10 +555,11 @@ def param(label: str, output=None, input=None, init=None, dtype: DType | str | N
     the parameter's uses (an error names the parameter when nothing determines them). Parameters
     have no batch axes. ``init`` is a number, an array-like of the parameter's dims (a numpy or
     torch array, nested lists; its values are copied when the parameter is created) or an
-    initializer from ``oc.init``; left out, ``init.default_init`` chooses."""
+    initializer from ``oc.init``; left out, ``init.default_init`` chooses. ``dtype`` left out is
+    the ``param_precision`` setting (float32 unless set; ``config.param_precision``)."""
     if not isinstance(label, str) or not label:
         raise TypeError("oc.param: the first argument is the parameter's label (a non-empty string)")
-    dtype = dtypes.by_name(dtype) if isinstance(dtype, str) else (dtype or dtypes.DEFAULT)
+    dtype = dtypes.by_name(dtype) if isinstance(dtype, str) else (dtype or config.param_precision())
     return leaf("param", label, Row.closed(()), _row_of_sizes(output, "output", label),
                 _row_of_sizes(input, "input", label), is_param=True, init=_param_init(init, label),
                 dtype=dtype)

@@ -12,7 +12,9 @@ to one call of an optimizer: ``adam_update`` called on two gradient updates that
 parameter (the same model compiled for two batch sizes, say) reads and writes the same state
 nodes, so alternating the two routines on one context continues one run of Adam instead of
 starting a second from zero. ``save_checkpoint`` / ``load_checkpoint`` save that state with the
-parameters.
+parameters. The state of a float16 or bfloat16 parameter is float32, as its gradient is, and its
+update is computed in float32 and rounded once into the parameter (docs/precisions.md, "Training
+with 16-bit parameters").
 """
 
 from __future__ import annotations
@@ -108,12 +110,15 @@ class _ParamUpdate:
               dtype: dtypes.DType | None = None) -> TNode:
         """``p``'s state node ``what``, zero before the first step: the node an earlier
         optimizer step made for ``p`` when there is one, so that every routine updating ``p``
-        shares it; its zero initializer only runs on a context where it has no value yet."""
+        shares it; its zero initializer only runs on a context where it has no value yet. Its
+        precision is ``p``'s compute type unless given: a float16 or bfloat16 parameter keeps
+        float32 moments, which a 16-bit store would round on every step (Adam's ``v`` holds
+        squares far below a bfloat16 weight's resolution)."""
         per_param = _optimizer_state.setdefault(p.value, {})
         node = per_param.get(what)
         if node is None:
             node = TNode(f"{p.label}_{what}", dims=p.dims if dims is None else dims,
-                         dtype=p.dtype if dtype is None else dtype)
+                         dtype=(p.dtype.compute if p.dtype.is_float else p.dtype) if dtype is None else dtype)
             per_param[what] = node
         self.states.append((p, what, node))
         return node
@@ -229,15 +234,12 @@ def adam_update(update: GradUpdate, lr=1e-3, betas: tuple[float, float] = (0.9, 
         dims = p.dims
         g, pv = p.grad, p.value
         # The step count is per parameter (as torch.optim.Adam keeps it), so that routines
-        # updating different subsets of the parameters each count only their own steps. It is
-        # counted in float32 (float64 for a float64 parameter): a half-precision count would
-        # stop growing after 2048 (float16) or 256 (bfloat16) steps.
-        t = step.state(p, "adam_step", dims=(), dtype=dtypes.float64 if p.dtype is dtypes.float64 else dtypes.float32)
+        # updating different subsets of the parameters each count only their own steps. Like the
+        # moments it is in the parameter's compute type: a 16-bit count would stop growing after
+        # 2048 (float16) or 256 (bfloat16) steps.
+        t = step.state(p, "adam_step", dims=())
         step.body.append(Accum(t, Binop.ADD, Unop.ID, (1.0,), lambda: identity_projections((), [()]), spec="."))
         m, v = step.state(p, "adam_m"), step.state(p, "adam_v")
-        if decoupled and weight_decay:
-            shrink = Apply(Binop.SUB, (1.0, Apply(Binop.MUL, (Arg(0), weight_decay))))
-            step.body.append(_set(pv, Binop.MUL, shrink, [lr_val], [lr_dims]))
         grad = _with_decay(Arg(1), Arg(2), l2)
         step.body.append(_set(m, None, Apply(Binop.ADD, (Apply(Binop.MUL, (b1, Arg(0))), Apply(Binop.MUL, (1.0 - b1, grad)))),
                               [m, g, pv], [dims, dims, dims]))
@@ -249,7 +251,15 @@ def adam_update(update: GradUpdate, lr=1e-3, betas: tuple[float, float] = (0.9, 
         bc2 = Apply(Unop.SQRT, (Apply(Binop.SUB, (1.0, Apply(Binop.POW, (b2, Arg(1))))),))
         denom = Apply(Binop.ADD, (Apply(Binop.DIV, (Apply(Unop.SQRT, (Arg(3),)), bc2)), eps))
         expr = Apply(Binop.DIV, (Apply(Binop.MUL, (step_size, Arg(2))), denom))
-        step.body.append(_set(pv, Binop.SUB, expr, [lr_val, t, m, v], [lr_dims, (), dims, dims]))
+        if decoupled and weight_decay:
+            # AdamW: p := p * (1 - lr*wd) - expr, one store, so that a 16-bit parameter rounds
+            # once per step (a separate ``p *= 1 - lr*wd`` would round the decay away). m and v
+            # do not read p here (no L2 term), so shrinking last is the same arithmetic as first.
+            shrink = Apply(Binop.SUB, (1.0, Apply(Binop.MUL, (Arg(0), weight_decay))))
+            expr = Apply(Binop.SUB, (Apply(Binop.MUL, (Arg(4), shrink)), expr))
+            step.body.append(_set(pv, None, expr, [lr_val, t, m, v, pv], [lr_dims, (), dims, dims, dims]))
+        else:
+            step.body.append(_set(pv, Binop.SUB, expr, [lr_val, t, m, v], [lr_dims, (), dims, dims]))
     return step
 
 

@@ -17,6 +17,7 @@ import ocannl as oc
 import ocannl.session
 from ocannl import distributed, train
 from ocannl.errors import BackendUnavailable, IndexBindingError, OcannlError, ShapeError
+from ocannl.lowlevel import dtypes
 from examples import data_parallel
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,7 +98,7 @@ def test_replicas_in_one_process_follow_one_replica(backend):
 
 
 def test_half_precision_gradients_merge_and_replicas_stay_identical():
-    """bfloat16 parameters and gradients: merged in their precision, replicas the same bits."""
+    """bfloat16 parameters (float32 gradients): merged, replicas the same bits."""
     ocannl.session.reset()
     x, t, update, sgd = regression(X[:6], T[:6], dtype="bfloat16")
     ctxs = contexts("interp", 2)
@@ -136,19 +137,17 @@ def _two_process_worker(backend: str):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_collectives_see_the_contexts_own_buffers(backend):
     """Zero copy: a float32 gradient goes to torch.distributed as a view of the context's buffer
-    (its numpy array through DLPack, or Triton's torch tensor itself); a bfloat16 one does not
-    (it is summed in float32 on a copy)."""
+    (its numpy array through DLPack, or Triton's torch tensor itself). A bfloat16 parameter's
+    gradient is float32 too, so it is shared the same way."""
     torch = pytest.importorskip("torch")
-    for dtype, shared in (("float32", True), ("bfloat16", False)):
+    for dtype in ("float32", "bfloat16"):
         ocannl.session.reset()
         _, _, update, _ = regression(X[:6], T[:6], dtype=dtype)
         ctx = contexts(backend, 1)[0]
         ctx.compile(update).run()
         for p in update.params:
+            assert p.grad.dtype is dtypes.float32
             view = distributed._torch_view(torch, ctx, p.grad)
-            if not shared:
-                assert view is None
-                continue
             buffer = ctx.buffer(p.grad)
             if isinstance(buffer, np.ndarray):
                 assert np.shares_memory(view.numpy(), buffer)
