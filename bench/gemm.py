@@ -8,8 +8,10 @@ checks that the C result equals the interpreter's bit for bit on a smaller size.
 
 The C kernel computes each cell's sum in the interpreter's order (blocks of 64 ``k`` steps, each
 summed from zero and added to the cell: docs/semantics.md, "Summation order"; no reassociation,
-no FMA in the default, deterministic setting), in register tiles, on all cores through OpenMP;
-``OCANNL_C_FAST=1`` adds ``-march=native -ffp-contract=fast``.
+no FMA in the default, deterministic setting), in register tiles, on all cores through OpenMP,
+built for this CPU's vector unit (``-march=native``; ``OCANNL_C_ISA=portable`` for the compiler's
+baseline target, to measure what the vector ISA brings); ``OCANNL_C_FAST=1`` adds
+``-ffp-contract=fast``.
 
 ``--threads N`` limits both sides to N threads (OpenMP and numpy's BLAS), for a per-core
 comparison; by default both use every core.

@@ -32,11 +32,12 @@ def doctor() -> int:
         print(f"Context.auto() picks: {base.best_available()} (set OCANNL_BACKEND to choose another)")
     if "c" in base.registered_backends():
         from ocannl.backends import cache
-        from ocannl.backends.c.compiler import fast_mode
+        from ocannl.backends.c.compiler import fast_mode, isa_setting
 
         print(f"C kernel cache: {cache.root() / 'c'} (OCANNL_CACHE_DIR moves it)")
+        print(f"C target ISA: {isa_setting()} (OCANNL_C_ISA=portable builds kernels any CPU of this kind runs)")
         if fast_mode():
-            mode = "fast (-march=native, contraction): float results may differ from interp in the last bits"
+            mode = "fast (contraction): float results may differ from interp in the last bits"
         else:
             libm = ", ".join(sorted(op.value for op in LIBM_OPS))
             mode = (f"deterministic: bit-identical to interp except {libm} "

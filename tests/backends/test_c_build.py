@@ -4,6 +4,7 @@ deep MLP's training routine compiles and computes the interpreter's bits."""
 
 from __future__ import annotations
 
+import platform
 import re
 
 import numpy as np
@@ -16,6 +17,7 @@ from ocannl.backends.c import CBackend, compiler
 from ocannl.backends.c.emit import emit_c
 from ocannl.backends.codegen import PART_STATEMENTS
 from ocannl.backends.interp import InterpBackend
+from ocannl.errors import OcannlError
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.indexing import Iter, Symbol
 from ocannl.lowlevel.ir import (
@@ -88,6 +90,109 @@ def test_kernels_are_built_with_the_chosen_flags(monkeypatch, tmp_path):
     for command in commands:
         assert all(flag in command for flag in compiler.BASE_FLAGS), command
         assert "-O3" not in command
+
+
+def isa_macros_or_skip(flag: str) -> frozenset[str]:
+    tc = compiler.toolchain()
+    macros = compiler._isa_macros(tc.command, flag)
+    if macros is None:
+        pytest.skip(f"the C compiler here does not take {flag}")
+    return macros
+
+
+def multiply_add_and_libm_routine() -> tuple[RoutineIR, dict[TNode, np.ndarray], TNode, TNode]:
+    """``y[i] := x[i] * w[i] + x[i]`` and ``z[i] := tanh(x[i]) * sin(w[i]) + pow(w[i], exp(x[i]))``
+    over 67 cells (vector bodies and a remainder): a vectorizer allowed to fuse multiply-adds, or
+    to swap in vector math functions, would change bits. Returns the routine, its inputs, y, z."""
+    n = 67
+    x, w = TNode("x", (n,), dtypes.float32), TNode("w", (n,), dtypes.float32)
+    y, z = TNode("y", (n,), dtypes.float32), TNode("z", (n,), dtypes.float32)
+    i, j = Symbol(), Symbol()
+    xi, wi = Load(x, (Iter(i),)), Load(w, (Iter(i),))
+    xj, wj = Load(x, (Iter(j),)), Load(w, (Iter(j),))
+    first = loop(i, n, Store(y, (Iter(i),), Binary(Binop.ADD, Binary(Binop.MUL, xi, wi), xi)))
+    second = loop(j, n, Store(z, (Iter(j),), Binary(
+        Binop.ADD, Binary(Binop.MUL, Unary(Unop.TANH, xj), Unary(Unop.SIN, wj)),
+        Binary(Binop.POW, wj, Unary(Unop.EXP, xj)))))
+    rng = np.random.default_rng(15)
+    inputs = {x: rng.uniform(-3, 3, n).astype(np.float32), w: rng.uniform(0.1, 4, n).astype(np.float32)}
+    return RoutineIR("isa_probe", seq(first, second)), inputs, y, z
+
+
+def test_the_isa_setting_defaults_to_native_and_is_validated(monkeypatch):
+    monkeypatch.delenv("OCANNL_C_ISA", raising=False)
+    assert compiler.isa_setting() == "native"
+    monkeypatch.setenv("OCANNL_C_ISA", "Portable")
+    assert compiler.isa_setting() == "portable"
+    monkeypatch.setenv("OCANNL_C_ISA", "x86-64-v3")
+    assert compiler.isa_setting() == "x86-64-v3"
+    monkeypatch.setenv("OCANNL_C_ISA", "")  # empty means unset, as for every setting
+    assert compiler.isa_setting() == "native"
+    for bad in ("-O3", "native -ffast-math", "x86-64;rm"):
+        monkeypatch.setenv("OCANNL_C_ISA", bad)
+        with pytest.raises(OcannlError, match=r"c_isa \(from OCANNL_C_ISA\)"):
+            compiler.isa_setting()
+
+
+@needs_cc
+@pytest.mark.parametrize("isa", ["native", "named"])
+def test_every_target_isa_computes_the_portable_builds_bits(monkeypatch, tmp_path, isa):
+    """The target changes the instructions, never the results: contraction stays off (arithmetic
+    equals the interpreter's bits) and the math library calls stay the scalar ones (the same bits
+    as the portable build's)."""
+    monkeypatch.setenv("OCANNL_CACHE_DIR", str(tmp_path))
+    if isa == "named":
+        targets = {"x86_64": "x86-64-v2", "AMD64": "x86-64-v2", "aarch64": "armv8-a", "arm64": "armv8-a"}
+        isa = targets.get(platform.machine(), "")
+        if not isa or not isa_macros_or_skip(f"-march={isa}") <= isa_macros_or_skip("-march=native"):
+            pytest.skip(f"no named target known to run on {platform.machine()} here")
+    routine, inputs, y, z = multiply_add_and_libm_routine()
+    monkeypatch.setenv("OCANNL_C_ISA", "portable")
+    portable_tc = compiler.toolchain()
+    assert not [f for f in portable_tc.flags if f.startswith("-march")] and portable_tc.isa == "portable"
+    portable = run_on(CBackend(), routine, inputs)
+    monkeypatch.setenv("OCANNL_C_ISA", isa)
+    tc = compiler.toolchain()
+    if tc.isa == isa:  # native falls back to portable on a compiler without -march=native
+        assert [f for f in tc.flags if f.startswith("-march")] == [f"-march={isa}"]
+    assert "-ffp-contract=off" in tc.flags and "-ffp-contract=fast" not in tc.flags
+    targeted = run_on(CBackend(), routine, inputs)
+    expected = run_on(InterpBackend(), routine, inputs)
+    assert np.array_equal(targeted[y].view(np.uint32), expected[y].view(np.uint32))
+    for node in (y, z):
+        assert np.array_equal(targeted[node].view(np.uint32), portable[node].view(np.uint32)), node.debug_name
+
+
+@needs_cc
+def test_an_unknown_target_is_an_error_naming_the_setting(monkeypatch, tmp_path):
+    monkeypatch.setenv("OCANNL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("OCANNL_C_ISA", "no-such-cpu-9000")
+    with pytest.raises(OcannlError, match=r"c_isa=no-such-cpu-9000 \(from OCANNL_C_ISA\).*does not know "
+                                          r"-march=no-such-cpu-9000"):
+        compiler.toolchain()
+
+
+@needs_cc
+def test_a_target_this_cpu_cannot_run_is_an_error(monkeypatch, tmp_path):
+    """Kernels built for instructions this CPU lacks would fault when run: refused up front."""
+    monkeypatch.setenv("OCANNL_CACHE_DIR", str(tmp_path))
+    tc = compiler.toolchain()
+    host = compiler._isa_macros(tc.command, "-march=native")
+    if host is None:
+        pytest.skip("the C compiler here does not take -march=native")
+    real = compiler._isa_macros
+    poorer = frozenset(m for m in host if "AVX" not in m and "NEON" not in m and "SSE4" not in m)
+
+    def host_without_vectors(command, flag):
+        return poorer if flag == "-march=native" else real(command, flag)
+
+    monkeypatch.setattr(compiler, "_isa_macros", host_without_vectors)
+    target = "x86-64-v3" if "__SSE2__" in host else "armv8.2-a"
+    monkeypatch.setenv("OCANNL_C_ISA", target)
+    if real(tc.command, f"-march={target}") is None or real(tc.command, f"-march={target}") <= poorer:
+        pytest.skip(f"{target} adds no instruction set to this stripped host")
+    with pytest.raises(OcannlError, match=rf"c_isa={target} \(from OCANNL_C_ISA\): this CPU lacks .*could not run"):
+        compiler.toolchain()
 
 
 # ---------------------------------------------------------------------------------------------

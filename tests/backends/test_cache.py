@@ -20,7 +20,7 @@ import pytest
 import ocannl as oc
 import ocannl.session
 from ocannl import config
-from ocannl.backends import cache
+from ocannl.backends import cache, toolchain
 from ocannl.backends.c import compiler
 from ocannl.backends.c.backend import CBackend
 from ocannl.backends.cache import CacheError, CacheWarning
@@ -208,6 +208,27 @@ def test_a_compiler_that_writes_nothing_is_a_compile_error(tmp_path):
         cache.build_atomically(["true", "{tmp}"], None, target, "the compiler true")
     assert not target.exists() and not cache.digest_path(target).exists()
     assert not [p for p in target.parent.iterdir()]  # no temporary file left behind
+
+
+@needs_cc
+def test_a_native_library_is_never_loaded_on_another_cpu(tmp_path, monkeypatch):
+    """Under ``c_isa=native`` the CPU's identity is part of the key: a cache shared with a machine
+    of another CPU holds each machine's own library; a portable build is one library for all."""
+    c_dir = tmp_path / "cache" / "c"
+    built: dict[tuple[str, str], list[Path]] = {}
+    for isa in ("native", "portable"):
+        for cpu in ("cpu-a", "cpu-b", "cpu-a"):
+            monkeypatch.setenv("OCANNL_C_ISA", isa)
+            monkeypatch.setattr(compiler, "_cpu_identity", lambda cpu=cpu: cpu)
+            monkeypatch.setattr(toolchain, "_verdicts", {})  # a new process on that machine
+            before = set(kernels(c_dir))
+            assert doubled("c") == [0.0, 2.0, 4.0, 6.0]
+            built.setdefault((isa, cpu), []).extend(sorted(set(kernels(c_dir)) - before))
+    monkeypatch.setenv("OCANNL_C_ISA", "native")
+    if compiler.toolchain().isa == "native":  # else the compiler lacks -march=native: portable
+        assert len(built["native", "cpu-a"]) == 1 and len(built["native", "cpu-b"]) == 1  # cpu-a's reused
+        assert built["native", "cpu-a"] != built["native", "cpu-b"]
+    assert len(built["portable", "cpu-a"]) == 1 and built["portable", "cpu-b"] == []
 
 
 # ---------------------------------------------------------------------------------------------

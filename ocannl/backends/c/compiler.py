@@ -7,23 +7,42 @@
 -fPIC`` computes the interpreter's bits (no fused multiply-add the IR did not ask for, integer
 overflow wraps as the interpreter's does; ``-fno-math-errno`` only lets ``sqrtf`` be one
 instruction; ``-fno-builtin-pow -fno-builtin-powf`` keep ``pow`` the C library's: GCC's
-vectorizer otherwise computes ``pow(x, 0.5)`` as ``sqrt(x)``, which differs at -0.0 and -inf). ``-ffast-math`` is never used: it reassociates sums. The fast setting,
-``OCANNL_C_FAST=1`` (or ``c_fast=1`` in ``ocannl_config``), adds ``-march=native
--ffp-contract=fast``: multiply-adds fuse, so float results may differ from the interpreter in
-the last bits, and the kernels only run on CPUs like this one. ``-fopenmp`` is added when the
-compiler supports it (``OCANNL_C_OPENMP=0`` turns it off); the generated code asks for threads
-only on loops whose iterations write disjoint cells (codegen.py), so results do not depend on the
-thread count (``OMP_NUM_THREADS``).
+vectorizer otherwise computes ``pow(x, 0.5)`` as ``sqrt(x)``, which differs at -0.0 and -inf).
+``-ffast-math`` is never used: it reassociates sums, and it is also what would let GCC replace
+``expf`` and its kin in vectorized loops by the C library's vector variants, whose results differ.
+
+**Target ISA.** ``OCANNL_C_ISA`` (or ``c_isa`` in ``ocannl_config``) chooses the instructions the
+kernels may use:
+
+- ``native``, the default: ``-march=native``, the vector unit of the CPU compiling them (AVX2 on
+  a Zen 3, for instance, where the baseline x86-64 target has only SSE2). Results are unchanged:
+  contraction stays off, so a vector multiply and add round as the interpreter's scalar ones do,
+  and the math library calls are the same. A library built this way runs only on CPUs like this
+  one, so its cache key includes the CPU's feature list (``/proc/cpuinfo``); a cache shared between
+  machines never hands one CPU's library to another. A compiler that does not know
+  ``-march=native`` builds for ``portable`` instead.
+- ``portable``: no ``-march``, the compiler's default target: the libraries run on any CPU of the
+  architecture, for building once and shipping.
+- a target name (``x86-64-v3``, ``znver3``, ``armv8.2-a``, ...): passed as ``-march=<name>``. The
+  compiler must accept it, and every instruction set it enables must be one this CPU has (else
+  the kernels it builds could not run here): otherwise an :class:`OcannlError` naming the setting.
+
+The fast setting, ``OCANNL_C_FAST=1`` (or ``c_fast=1``), adds ``-ffp-contract=fast``: multiply-adds
+fuse where the target has FMA, so float results may differ from the interpreter in the last bits.
+``-fopenmp`` is added when the compiler supports it (``OCANNL_C_OPENMP=0`` turns it off); the
+generated code asks for threads only on loops whose iterations write disjoint cells (codegen.py),
+so results do not depend on the thread count (``OMP_NUM_THREADS``).
 
 **Cache.** A compiled kernel is ``<cache>/c/<key>.so`` (the compiler checks' own in
-``<cache>/c/probes/``), ``key = sha256(source, compiler path and version, flags)``; where
-``<cache>`` is, who may write it and how each library is verified before it is loaded is
-``ocannl/backends/cache.py``.
+``<cache>/c/probes/``), ``key = sha256(source, compiler path and version, flags)``, the version
+carrying the CPU's identity under ``native``; where ``<cache>`` is, who may write it and how each
+library is verified before it is loaded is ``ocannl/backends/cache.py``.
 
 **Probe.** The compiler must build a tiny library that loads and computes the right value, and,
 unless ``OCANNL_C_OPENMP=0``, a second one with an OpenMP loop (else the kernels are built
 without OpenMP). How compilers are found and probed, and when a verdict is reused, is
-``ocannl/backends/toolchain.py``; the C setting is the compiler command, fast mode and OpenMP.
+``ocannl/backends/toolchain.py``; the C setting is the compiler command, the target ISA, fast
+mode and OpenMP.
 """
 
 from __future__ import annotations
@@ -31,7 +50,9 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import re
 import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -41,14 +62,18 @@ from ocannl.backends import cache
 from ocannl.backends.toolchain import (
     Toolchain, build_shared, check_probe, compiler_version, find_compiler, probed,
 )
-from ocannl.errors import BackendUnavailable, CompileError
+from ocannl.errors import BackendUnavailable, CompileError, OcannlError
 
 BASE_FLAGS = ("-O2", "-ffp-contract=off", "-fno-math-errno", "-fwrapv", "-fno-builtin-pow", "-fno-builtin-powf")
 """``-O2``, not ``-O3``: the kernels run as fast (the register-tiled contractions are already
 unrolled by hand; GCC 12's ``-O2`` vectorizes too), while ``-O3`` peels and unrolls every loop
 with a small constant trip count, which makes compiling a training routine several times slower
 (the figures are in the README, "C compile time")."""
-FAST_FLAGS = ("-march=native", "-ffp-contract=fast")
+FAST_FLAGS = ("-ffp-contract=fast",)
+"""After ``BASE_FLAGS``, so that it overrides their ``-ffp-contract=off``."""
+NATIVE, PORTABLE = "native", "portable"
+ISA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*\Z")
+"""What a target name given to ``c_isa`` may look like: one ``-march`` value, never another flag."""
 CANDIDATES = ("cc", "gcc", "clang")
 
 FIX = (
@@ -63,6 +88,9 @@ class CToolchain(Toolchain):
 
     openmp: bool
     fast: bool
+    isa: str
+    """The target the kernels are built for: ``native``, ``portable`` or a ``-march`` name (module
+    docstring, "Target ISA"); ``portable`` too where ``native`` was asked of a compiler without it."""
 
     what: ClassVar[str] = "C compiler"
     language: ClassVar[str] = "c"
@@ -73,12 +101,25 @@ def fast_mode() -> bool:
     return config.flag("c_fast", default=False)
 
 
+def isa_setting() -> str:
+    """The ``c_isa`` setting: ``native`` (the default), ``portable`` or a target name; a value
+    that cannot be one ``-march`` name is an :class:`OcannlError` naming the setting."""
+    value = (config.get("c_isa") or NATIVE).strip()
+    if value.lower() in (NATIVE, PORTABLE):
+        return value.lower()
+    if not ISA_NAME.match(value):
+        raise OcannlError(f"setting c_isa (from {config.origin('c_isa')}) must be {NATIVE}, {PORTABLE} or a "
+                          f"target name such as x86-64-v3, got {value!r}")
+    return value
+
+
 def toolchain() -> CToolchain:
     """The compiler and flags for the current settings, probed once per process per setting
-    (module docstring); :class:`BackendUnavailable` when none works."""
-    fast, openmp = fast_mode(), config.flag("c_openmp", default=True)
+    (module docstring); :class:`BackendUnavailable` when none works, :class:`OcannlError` when
+    the ``c_isa`` target cannot be built or run here."""
+    fast, openmp, isa = fast_mode(), config.flag("c_openmp", default=True), isa_setting()
     command = find_compiler([("CC", os.environ.get("CC"))], CANDIDATES, "C compiler", FIX)
-    return probed("c", command, (fast, openmp), lambda: _probe(command, fast, openmp))
+    return probed("c", command, (fast, openmp, isa), lambda: _probe(command, fast, openmp, isa))
 
 
 PROBE = "int ocannl_probe(int x) { return 3 * x + 1; }\n"
@@ -88,20 +129,21 @@ OPENMP_PROBE = (
 )
 
 
-def _probe(command: tuple[str, ...], fast: bool, openmp: bool) -> CToolchain:
+def _probe(command: tuple[str, ...], fast: bool, openmp: bool, isa: str) -> CToolchain:
     version = compiler_version(command, "C compiler", FIX)
-    if fast:  # -march=native code runs only on CPUs like this one: key the cache by the CPU
+    isa, isa_flags = _target(command, isa)
+    if isa == NATIVE:  # -march=native code runs only on CPUs like this one: key the cache by the CPU
         version += "\n" + _cpu_identity()
-    flags = BASE_FLAGS + (FAST_FLAGS if fast else ())
+    flags = BASE_FLAGS + isa_flags + (FAST_FLAGS if fast else ())
     path = shutil.which(command[0]) or command[0]
-    plain = CToolchain(command, path, version, flags, False, fast)
+    plain = CToolchain(command, path, version, flags, False, fast, isa)
     try:
         check_probe(plain, PROBE, 13, 40, cache.directory("c", "probes"))
     except CompileError as e:
         raise BackendUnavailable(f"{plain.name} cannot build working shared libraries: {e}; {FIX}") from None
     if not openmp:
         return plain
-    with_openmp = CToolchain(command, path, version, flags + ("-fopenmp",), True, fast)
+    with_openmp = CToolchain(command, path, version, flags + ("-fopenmp",), True, fast, isa)
     # Read once, when the OpenMP runtime loads, which this probe does first (backend.py).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
@@ -109,6 +151,48 @@ def _probe(command: tuple[str, ...], fast: bool, openmp: bool) -> CToolchain:
     except CompileError:
         return plain
     return with_openmp
+
+
+def _target(command: tuple[str, ...], isa: str) -> tuple[str, tuple[str, ...]]:
+    """The target actually built for and its flags, for the ``c_isa`` value ``isa``: ``native``
+    falls back to ``portable`` when the compiler lacks ``-march=native``; a named target must be
+    known to the compiler and enable no instruction set this CPU lacks (:class:`OcannlError`)."""
+    if isa == PORTABLE:
+        return PORTABLE, ()
+    if isa == NATIVE:
+        return (NATIVE, ("-march=native",)) if _isa_macros(command, "-march=native") is not None else (PORTABLE, ())
+    flag = f"-march={isa}"
+    enabled = _isa_macros(command, flag)
+    where = f"setting c_isa={isa} (from {config.origin('c_isa')})"
+    if enabled is None:
+        raise OcannlError(f"{where}: the C compiler {' '.join(command)} does not know {flag}; use {NATIVE}, "
+                          f"{PORTABLE} or a target it lists (e.g. `gcc --help=target`)")
+    host = _isa_macros(command, "-march=native")  # None: the compiler cannot tell, so nothing to check against
+    missing = sorted(enabled - host) if host is not None else []
+    if missing:
+        raise OcannlError(f"{where}: this CPU lacks {', '.join(m.strip('_').lower() for m in missing)}, "
+                          f"so kernels built for {isa} could not run here; choose a target this CPU has "
+                          f"({NATIVE} is one)")
+    return isa, (flag,)
+
+
+def _isa_macros(command: tuple[str, ...], flag: str) -> frozenset[str] | None:
+    """The instruction-set macros (``__AVX2__``, ``__ARM_FEATURE_FMA``, ...) the compiler defines
+    under ``flag``, from its preprocessor; ``None`` when it refuses the flag."""
+    try:
+        result = subprocess.run([*command, flag, "-x", "c", "-E", "-dM", "-"], input="", capture_output=True,
+                                text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if result.returncode != 0:
+        return None
+    names = (line.split()[1] for line in result.stdout.splitlines() if line.startswith("#define "))
+    return frozenset(n for n in names if _ISA_MACRO.match(n))
+
+
+_ISA_MACRO = re.compile(r"__(SSE\w*|AVX\w*|FMA\w*|F16C|BMI\w*|POPCNT|LZCNT|MOVBE|AES|PCLMUL|SHA|VAES|VPCLMULQDQ|"
+                        r"GFNI|ADX|RDRND|RDSEED|XSAVE\w*|ARM_FEATURE_\w+|ARM_NEON\w*|riscv_\w+)__\Z")
+"""The predefined macros that say which instruction sets a target has, on x86, ARM and RISC-V."""
 
 
 def _cpu_identity() -> str:
