@@ -6,26 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from backend_params import backend_param
 import ocannl as oc
 from ocannl import train
-from ocannl.backends import base
 from ocannl.errors import SessionError, ShapeError
 
 
-def _runs_here(name: str) -> bool:
-    try:
-        base.get_backend(name)
-    except Exception:  # noqa: BLE001 - not available on this machine
-        return False
-    return True
-
-
-def _backend(name: str):
-    unavailable = pytest.mark.skipif(not _runs_here(name), reason=f"backend {name} is not available here")
-    return pytest.param(name, marks=unavailable, id=name)
-
-
-EVERY = [_backend("interp"), _backend("c"), _backend("metal"), _backend("triton")]
+EVERY = [backend_param("interp"), backend_param("c"), backend_param("metal"), backend_param("triton")]
 
 START = np.array([[1.0, -2.0, 3.0], [4.0, 5.0, -6.0]], dtype=np.float32)
 VALUE = np.array([[0.5, 4.0, -1.5], [2.0, -0.25, 8.0]], dtype=np.float32)
@@ -95,7 +82,7 @@ def test_writes_through_a_slice_land_in_the_sliced_tensor(backend):
     np.testing.assert_array_equal(xs.numpy(), expected)
 
 
-@pytest.mark.parametrize("backend", [_backend("interp"), _backend("c")])
+@pytest.mark.parametrize("backend", [backend_param("interp"), backend_param("c")])
 def test_writes_through_a_slice_of_a_slice(backend):
     ctx = oc.Context(backend)
     xs = oc.tensor(np.zeros((3, 2, 2), dtype=np.float32), batch=2, label="xs")
@@ -106,7 +93,7 @@ def test_writes_through_a_slice_of_a_slice(backend):
     np.testing.assert_array_equal(xs.numpy(), expected)
 
 
-@pytest.mark.parametrize("backend", [_backend("interp"), _backend("c")])
+@pytest.mark.parametrize("backend", [backend_param("interp"), backend_param("c")])
 def test_assign_runs_beside_a_training_step(backend):
     """A running sum of the loss, compiled into the same routine as the update."""
     ctx = oc.Context(backend)

@@ -4,27 +4,14 @@ whose figures the README quotes, are marked slow."""
 import numpy as np
 import pytest
 
+from backend_params import backend_param, runs_here
 import ocannl as oc
-from ocannl.backends import base
 from ocannl.errors import OcannlError
 from examples import char_lm
 
 
-def _runs_here(name: str) -> bool:
-    try:
-        base.get_backend(name)
-    except OcannlError:  # BackendUnavailable, or a toolchain that does not work here
-        return False
-    return True
-
-
-def _backend(name: str, slow: bool = False):
-    marks = [pytest.mark.skipif(not _runs_here(name), reason=f"backend {name} is not available here")]
-    return pytest.param(name, marks=[*marks, pytest.mark.slow] if slow else marks, id=name)
-
-
-needs_c = pytest.mark.skipif(not _runs_here("c"), reason="no working C compiler")
-OTHER_BACKENDS = [_backend("c"), _backend("metal"), _backend("triton", slow=True)]
+needs_c = pytest.mark.skipif(not runs_here("c"), reason="no working C compiler")
+OTHER_BACKENDS = [backend_param("c"), backend_param("metal"), backend_param("triton", slow=True)]
 """The backends compared with the interpreter on tiny runs of the examples; the Triton interpreter
 takes 20 s to over a minute on them."""
 

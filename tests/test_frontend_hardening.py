@@ -6,9 +6,9 @@ arguments, gradients at ties of a maximum, and reading intermediate values
 import numpy as np
 import pytest
 
+from backend_params import backend_param
 import ocannl as oc
 from ocannl import nn, train
-from ocannl.backends import base
 from ocannl.errors import IndexBindingError, SessionError, ShapeError
 from ocannl.lowlevel.assignments import Accum, Computation
 from ocannl.lowlevel.scalar_ops import Binop
@@ -16,26 +16,11 @@ from ocannl.lowlevel.tnode import TNode
 from ocannl.shape.projections import identity_projections
 
 
-def _runs_here(name: str) -> bool:
-    try:
-        base.get_backend(name)
-    except Exception:  # noqa: BLE001 - not available on this machine
-        return False
-    return True
-
-
-def _backend(name: str, slow: bool = False):
-    marks = [pytest.mark.skipif(not _runs_here(name), reason=f"backend {name} is not available here")]
-    if slow:
-        marks.append(pytest.mark.slow)
-    return pytest.param(name, marks=marks, id=name)
-
-
-CPU = [_backend("interp"), _backend("c")]
+CPU = [backend_param("interp"), backend_param("c")]
 """Every item runs on these."""
-EVERY = CPU + [_backend("metal"), _backend("triton")]
+EVERY = CPU + [backend_param("metal"), backend_param("triton")]
 """The gradient at ties is backend code: one quick case runs everywhere."""
-EVERY_SLOW = CPU + [_backend("metal", slow=True), _backend("triton", slow=True)]
+EVERY_SLOW = CPU + [backend_param("metal", slow=True), backend_param("triton", slow=True)]
 
 
 def f32(values) -> np.ndarray:

@@ -14,9 +14,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from backend_params import backend_param, runs_here
 import ocannl as oc
 from ocannl import nn, train
-from ocannl.backends import base
 from ocannl.lowlevel import prng_reference
 from ocannl.random import RUN_UNIFORM, run_counter, uniform_like
 from ocannl.tensor import subgraph
@@ -24,24 +24,9 @@ from ocannl.tensor import subgraph
 RTOL = 1e-5
 
 
-def _runs_here(name: str) -> bool:
-    try:
-        base.get_backend(name)
-    except Exception:  # noqa: BLE001 - not available on this machine
-        return False
-    return True
-
-
-def _backend(name: str, slow: bool = False):
-    marks = [pytest.mark.skipif(not _runs_here(name), reason=f"backend {name} is not available here")]
-    if slow:
-        marks.append(pytest.mark.slow)
-    return pytest.param(name, marks=marks, id=name)
-
-
-EVERY = [_backend("interp"), _backend("c"), _backend("metal"), _backend("triton")]
+EVERY = [backend_param("interp"), backend_param("c"), backend_param("metal"), backend_param("triton")]
 """Small programs run on every backend (Triton in its interpreter under TRITON_INTERPRET=1)."""
-EVERY_TRITON_SLOW = [_backend("interp"), _backend("c"), _backend("metal"), _backend("triton", slow=True)]
+EVERY_TRITON_SLOW = [backend_param("interp"), backend_param("c"), backend_param("metal"), backend_param("triton", slow=True)]
 """Larger programs: the Triton interpreter takes several seconds over them."""
 
 RNG = np.random.default_rng(16)
@@ -397,7 +382,7 @@ def test_dropout_rate_over_20000_draws():
     """Each run's 20,000 cells drop a fraction within 0.02 of the rate (the standard error is
     0.0032); pooled over ten runs, within 2% of it."""
     rate = 0.3
-    masks, _, _ = _dropout_runs("c" if _runs_here("c") else "interp", (20, 1000), rate, runs=10)
+    masks, _, _ = _dropout_runs("c" if runs_here("c") else "interp", (20, 1000), rate, runs=10)
     for mask in masks:
         dropped = float(np.mean(mask == 0))
         assert abs(dropped - rate) <= 0.02, f"dropped fraction {dropped} for rate {rate}"

@@ -1,0 +1,25 @@
+"""Parametrizing tests over backends: a backend that cannot run on this machine (no C compiler, no
+triton) is skipped with the reason, and slow ones are marked."""
+
+from __future__ import annotations
+
+import pytest
+
+from ocannl.backends import base
+
+
+def runs_here(name: str) -> bool:
+    """Whether backend ``name`` can be constructed on this machine."""
+    try:
+        base.get_backend(name)
+    except Exception:  # noqa: BLE001 - not available on this machine
+        return False
+    return True
+
+
+def backend_param(name: str, slow: bool = False):
+    """``name`` as a pytest parameter, skipped where it cannot run, marked ``slow`` when asked."""
+    marks = [pytest.mark.skipif(not runs_here(name), reason=f"backend {name} is not available here")]
+    if slow:
+        marks.append(pytest.mark.slow)
+    return pytest.param(name, marks=marks, id=name)
