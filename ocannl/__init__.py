@@ -13,7 +13,7 @@ from ocannl.ops import (DimRef, abs, add, compose, concat, cos, deinterleave_eve
                         einmax, einsum, eq, exp, exp2, fma, gt, interleave, stack, take,
                         log, log2, lt, max, maximum, mean, minimum, mul, ne, neg, not_, outer_sum,
                         pow, recip, recip_sqrt, relu, sat01, sigmoid, sin, slice_batch, sqrt, sub,
-                        sum, tanh, tropical, where)
+                        sum, tanh, threefry4x32, tropical, where)
 from ocannl.tensor import Tensor, number, param, tensor
 
 __all__ = [
@@ -22,5 +22,5 @@ __all__ = [
     "log", "log2", "lt", "max", "maximum", "mean", "minimum", "mul", "ne", "neg", "not_",
     "outer_sum", "pow", "recip", "recip_sqrt", "relu", "sat01", "sigmoid", "sin", "slice_batch",
     "sqrt", "sub", "sum", "tanh", "tropical", "where", "concat", "stack", "interleave",
-    "deinterleave_even", "deinterleave_odd", "take", "save", "load",
+    "deinterleave_even", "deinterleave_odd", "take", "save", "load", "threefry4x32",
 ]

@@ -1,4 +1,4 @@
-"""``python -m ocannl doctor``: which backends work here, and why not (shared/DESIGN.md §4).
+"""``python -m ocannl doctor``: which backends work here, and why not.
 
 Lists every registered backend, most preferred first, as available or not with the backend's own
 reason (which, for an unavailable one, says how to fix it), then the backend ``Context.auto()``

@@ -1,6 +1,6 @@
 """Small two-class datasets made on the fly, and batching.
 
-The moons demo (shared/DESIGN.md §4, spec/frontend.md §6.3) trains on two interleaved half moons;
+The moons demo (docs/training.md, "The moons demo") trains on two interleaved half moons;
 :func:`circles` is the same kind of toy problem with a boundary an MLP must close. Both return
 numpy arrays ready for ``oc.tensor(..., batch=1)``: points ``float32 (n, 2)``, labels
 ``float32 (n, 1)`` holding +1 or -1 (the hinge loss ``relu(1 - y * score)`` wants signed labels).
@@ -47,7 +47,7 @@ def _check_even(name: str, n: int) -> None:
 
 
 def moons(n: int = 800, noise: float = 0.1, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Two interleaved half moons: ``n`` points, ``n/2`` per class (spec/frontend.md §6.3).
+    """Two interleaved half moons: ``n`` points, ``n/2`` per class.
 
     For ``i < n/2`` and ``v = i * pi / (n/2)``: row ``2i`` is moon A at ``(cos v, sin v)``, label
     +1; row ``2i+1`` is moon B at ``(1 - cos v, 0.5 - sin v)``, label -1; each coordinate then

@@ -24,13 +24,14 @@ from ocannl.errors import EinsumSyntaxError, SessionError, ShapeError
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.assignments import (Accum, Apply, Arg, Assignment, Block, Fetch, Gather, RangeOverOffsets,
                                         ScatterAdd, Slice)
-from ocannl.lowlevel.dtypes import DType
+from ocannl.lowlevel.dtypes import DType, DTypeError
 from ocannl.lowlevel.indexing import IndexSymbol, Iter, Projections
-from ocannl.lowlevel.scalar_ops import Binop, ScalarOp, Ternop, Unop
+from ocannl.lowlevel.scalar_ops import UINT4X32_LANES, Binop, ScalarOp, Ternop, Unop
 from ocannl.lowlevel.tnode import TNode
 from ocannl.shape import einsum as es
 from ocannl.shape import solver as solver_mod
-from ocannl.shape.logic import BatchSlice, Compose, Einsum, Interleave, Pointwise, ShapeLogic, Take, reduction_spec
+from ocannl.shape.logic import (BatchSlice, Compose, Einsum, Interleave, Pointwise, ShapeLogic, Take, Words,
+                                 reduction_spec)
 from ocannl.shape.projections import derive_projections, identity_projections, retarget
 from ocannl.shape.shape import KINDS, Row
 from ocannl.shape.solver import DimEq, Origin
@@ -662,6 +663,64 @@ def deinterleave_even(x, *, label: str | None = None) -> Tensor:
 def deinterleave_odd(x, *, label: str | None = None) -> Tensor:
     """``r[..., i] = x[..., 2i+1]`` along the last output axis."""
     return einsum("..b.. | ..i.. -> ..o.., 2*k+1 => ..b.. | ..i.. -> ..o.., k", x, label=label or "odd")
+
+
+# ---------------------------------------------------------------------------------------------
+# Threefry-4x32 of words held in tensors: ``oc.threefry4x32(key, counter)``.
+
+
+def _packed(first: int) -> Apply:
+    """The uint4x32 of the words read by operands ``first`` to ``first + 3``: two int64 halves
+    ``w0 + w1 * 2**32`` and ``w2 + w3 * 2**32`` (the words convert to int64 without a sign, and
+    the product wraps onto the high 32 bits)."""
+    def half(k: int) -> Apply:
+        return Apply(Binop.ADD, (Arg(first + k), Apply(Binop.MUL, (Arg(first + k + 1), 2**32))))
+
+    return Apply(Binop.UINT4X32_PACK, (half(0), half(2)))
+
+
+def _word_projections(t: Tensor, word: int) -> Callable[[], Projections]:
+    """Projections of the assignment writing word ``word`` of ``t``: (result, key's words 0-3,
+    counter's words 0-3)."""
+    def proj():
+        t.dims  # noqa: B018 - finalizes inference
+        shapes = [o._shape for o in t.operands]
+        slots = t.logic.word_layout(word, t._shape, shapes, solver_mod.current())  # type: ignore[union-attr]
+        dims = [t.dims] + [o.dims for o in t.operands for _ in range(UINT4X32_LANES)]
+        return derive_projections(slots, dims, debug=f"{t.op} {t.label} word {word}")
+
+    return proj
+
+
+def _threefry_forward(t: Tensor) -> Assignment:
+    """Word ``j`` of each result cell, for ``j`` from 0 to 3, by its own assignment: the key's
+    and the counter's words packed into uint4x32 values, hashed, and lane ``j`` read back. Each
+    assignment hashes anew, since the loop IR holds no uint4x32 value from one store to the next;
+    a block costs twenty rounds of 32-bit additions, rotations and xors."""
+    key, counter = (o.value for o in t.operands)
+    n = UINT4X32_LANES
+    bits = Apply(Binop.THREEFRY4X32, (_packed(0), _packed(n)))
+    return Block(tuple(Accum(t.value, None, Apply(Binop.UINT4X32_WORD, (bits, j)), (key,) * n + (counter,) * n,
+                             _word_projections(t, j), spec=t.op)
+                       for j in range(n)))
+
+
+THREEFRY4X32 = define(OpDef("threefry4x32", shape=lambda operands: Words(UINT4X32_LANES),
+                            forward=_threefry_forward, gradient=None, dtype=lambda operands: dtypes.uint32))
+
+
+def threefry4x32(key, counter, *, label: str | None = None) -> Tensor:
+    """Standard Threefry-4x32-20 (Random123's ``threefry4x32_R(20, counter, key)``) of the words
+    of ``key`` and ``counter``, uint32 tensors whose last output axis holds the 4 words of each
+    key and counter; their other axes broadcast as a pointwise operation's. The result is uint32
+    with the broadcast shape, its last output axis holding the 4 words of each block: the same
+    bits on every backend. It takes no gradient."""
+    operands = [as_tensor(x) for x in (key, counter)]
+    for name, o in zip(("key", "counter"), operands):
+        if o.dtype is not dtypes.uint32:
+            raise DTypeError(f"threefry4x32: the {name} {o.label!r} holds {o.dtype.name}; key and counter hold "
+                             f"uint32 words (dtype='uint32')")
+    return THREEFRY4X32(*operands, label=label)
 
 
 # ---------------------------------------------------------------------------------------------

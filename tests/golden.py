@@ -1,4 +1,4 @@
-"""Golden files: printed IRs and generated sources pinned under ``golden/`` (shared/DESIGN.md §6).
+"""Golden files: printed IRs and generated sources pinned under ``golden/`` (docs/design.md, "Testing").
 
 ``check_golden(name, text, update)`` compares ``text`` with ``golden/<name>``; with ``update``
 (``pytest --update-golden``, the ``update_golden`` fixture) it rewrites the file instead, and a

@@ -1,4 +1,4 @@
-"""Convolution terms of einsum specs (spec/frontend.md §1.8, §2.5 #11-13) computed by the
+"""Convolution terms of einsum specs (docs/shapes.md, "Convolution terms") computed by the
 interpreter, against direct numpy loops.
 
 An operand axis ``stride*o<+dilation*k`` (valid) or ``stride*o=+dilation*k`` (padded) is read at
@@ -158,7 +158,7 @@ def test_strided_axis_without_kernel(spec, ref):
 
 def test_conv_with_offset():
     """``2*o<+1+k``: stride 2, offset 1, kernel k: reads ``x[2*o + 1 + k]``. The offset affects
-    indexing only, never sizes (spec §1.2), so the last window reaches one cell past the input
+    indexing only, never sizes, so the last window reaches one cell past the input
     and reads the neutral element 0 there."""
     X, W = np.arange(1.0, 9.0, dtype=np.float32), np.array([1.0, 10.0], np.float32)
     y = oc.einsum("2*o<+1+k; k => o", oc.tensor(X), oc.tensor(W))
@@ -179,9 +179,9 @@ def test_bare_conv_term_takes_use_padding_argument():
 
 CONV2D = [
     # (h, w, k, stride, dilation, padded, ic, oc)
-    (5, 5, 3, 1, 1, True, 1, 4),   # spec §2.5 #11 shapes: [5,5,1] -> [5,5,4]
-    (5, 5, 3, 1, 1, False, 1, 4),  # #12: [5,5,1] -> [3,3,4]
-    (6, 6, 3, 2, 1, True, 1, 4),   # §10 item 11: stride 2 padded on [6,6,1] -> [3,3,4]
+    (5, 5, 3, 1, 1, True, 1, 4),   # padded: [5,5,1] -> [5,5,4]
+    (5, 5, 3, 1, 1, False, 1, 4),  # valid: [5,5,1] -> [3,3,4]
+    (6, 6, 3, 2, 1, True, 1, 4),   # stride 2 padded on [6,6,1] -> [3,3,4]
     (7, 5, 3, 2, 1, False, 2, 3),
     (6, 4, 2, 2, 1, True, 2, 2),
     (7, 7, 3, 1, 2, False, 2, 2),
@@ -223,7 +223,7 @@ POOL_SPEC = "... | {s}*oh<+wh, {s}*ow<+ww, ..c..; wh, ww => ... | oh, ow, ..c.."
 
 
 def test_max_pool2d_worked_example():
-    """Spec §2.5 #13: ``max_pool2d`` on ``range_of_shape [4;4;1]`` gives ``[[5,7],[13,15]]``."""
+    """``max_pool2d`` on ``range_of_shape [4;4;1]`` gives ``[[5,7],[13,15]]``."""
     x = oc.tensor(np.arange(16.0, dtype=np.float32).reshape(4, 4, 1))
     y = oc.tropical(POOL_SPEC.format(s=2), x, oc.tensor(np.zeros((2, 2), np.float32)))
     assert y.dims == (2, 2, 1)
@@ -250,7 +250,7 @@ def reference_max_pool(X: np.ndarray, stride: int, window: int) -> np.ndarray:
 
 @pytest.mark.parametrize("hw,stride,window", [(7, 2, 3), (6, 2, 2), (5, 1, 2)])
 def test_max_pool2d_stride_and_window(hw, stride, window):
-    """§10 item 10: stride 2, window 3 on ``[7;7;2]`` gives ``[3;3;2]``."""
+    """Stride 2, window 3 on ``[7;7;2]`` gives ``[3;3;2]``."""
     rng = np.random.default_rng(hw + stride + window)
     X = rng.standard_normal((2, hw, hw, 2)).astype(np.float32)
     y = oc.tropical(POOL_SPEC.format(s=stride), oc.tensor(X, batch=1),
@@ -300,7 +300,7 @@ def test_nn_avg_pool2d():
 
 @pytest.mark.parametrize("hw,k,stride,padded", [(5, 3, 1, True), (5, 3, 1, False), (6, 3, 2, True)])
 def test_nn_conv2d_with_set_kernel(hw, k, stride, padded):
-    """§10 item 11's shapes ([5;5;1] -> [5;5;4] padded, [3;3;4] valid; stride 2 on [6;6;1] ->
+    """The original's test shapes ([5;5;1] -> [5;5;4] padded, [3;3;4] valid; stride 2 on [6;6;1] ->
     [3;3;4]), with the kernel and bias given values by ``t.set`` before compiling."""
     rng = np.random.default_rng(hw * 10 + k + stride)
     X, K, Bias = ints(rng, (2, hw, hw, 1)), ints(rng, (4, k, k, 1)), ints(rng, (4,))
@@ -330,7 +330,7 @@ def test_random_conv1d(n_out, k, stride, dilation, padded, ic, seed):
 
 
 def test_padded_conv_of_a_batch_slice():
-    """§10 item 12: images ``[2·4, 3, 3, 1]`` rebatched ``[2, 4]``, sliced by ``batch_n``, then a
+    """Images ``[2·4, 3, 3, 1]`` rebatched ``[2, 4]``, sliced by ``batch_n``, then a
     padded 3x3 convolution; each binding convolves its own slice."""
     rng = np.random.default_rng(12)
     X, K = ints(rng, (2, 4, 3, 3, 1)), ints(rng, (2, 3, 3, 1))

@@ -14,7 +14,7 @@ def test_moons_shapes_dtypes_and_interleaved_labels():
 
 
 def test_moons_without_noise_follow_the_formula():
-    """spec/frontend.md §6.3: v = i*pi/(n/2); A = (cos v, sin v), B = (1 - cos v, 0.5 - sin v)."""
+    """v = i*pi/(n/2); A = (cos v, sin v), B = (1 - cos v, 0.5 - sin v)."""
     points, _ = data.moons(n=12, noise=0.0)
     v = np.arange(6) * np.pi / 6
     np.testing.assert_allclose(points[0::2], np.stack([np.cos(v), np.sin(v)], 1), atol=1e-7)

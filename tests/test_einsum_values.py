@@ -1,4 +1,5 @@
-"""Einsum values computed by the interpreter (spec/frontend.md §2.4-2.5, §10 items 1-6).
+"""Einsum values computed by the interpreter: the worked examples of docs/shapes.md and the einsum
+tests of the original (trivia, accumulation semantics, tensor puzzles).
 
 * random valid specs (one to three operands, output axes only, ``batch|output``, or
   ``batch|input->output``, labels repeated inside an operand allowed) against ``numpy.einsum``,
@@ -180,7 +181,7 @@ def test_random_float_data_within_tolerance():
     np.testing.assert_allclose(compute(y), expected, rtol=1e-6, atol=1e-6 * np.abs(expected).max())
 
 
-# -- worked examples, spec/frontend.md §2.5 -----------------------------------------------------
+# -- worked examples -----------------------------------------------------------------------------
 
 
 def test_ex1_matmul():
@@ -282,7 +283,7 @@ def test_ex18_permutation_across_kinds():
     np.testing.assert_array_equal(compute(r), np.einsum("abefcd->cfdbae", X))
 
 
-# -- spec/frontend.md §10 items 1-6 -------------------------------------------------------------
+# -- the original's einsum tests ------------------------------------------------------------------
 
 
 def test_item3_batched_compose_like_einsums():

@@ -3,7 +3,7 @@
 One helper, :func:`check_op`, checks any op: it makes random float32 operands of the given
 shapes (each a ``(batch, output, input)`` triple of dims; a Python number is passed as is),
 computes the op with ocannl and the numpy reference with the operands broadcast kind by kind
-(right-aligned within each row, shared/DESIGN.md §3), and compares dims and values within 1e-6
+(right-aligned within each row, as docs/shapes.md says), and compares dims and values within 1e-6
 relative. Each op draws its inputs from a domain where it is defined and well conditioned
 (``log``/``sqrt`` on positive numbers, denominators away from 0, small integers for comparisons so
 that ties occur).
@@ -298,7 +298,7 @@ def test_compose(case):
 
 def test_compose_size1_output_broadcasts_into_input():
     """A size-1 output axis of the right operand broadcasts into the left's input axis (every
-    size-1 dim broadcasts, shared/DESIGN.md §3): a sum over a's inputs scaled by b[0]."""
+    size-1 dim broadcasts): a sum over a's inputs scaled by b[0]."""
     check_compose(((), (3,), (4,)), ((), (1,), ()), "oc,z->o")
 
 
@@ -459,7 +459,7 @@ SAME_OPERAND = [
 
 @pytest.mark.parametrize("name,fn,ref", SAME_OPERAND, ids=[v[0] for v in SAME_OPERAND])
 def test_same_operand_twice(name, fn, ref):
-    """One tensor read twice by one op, possibly through different projections (spec §1.9)."""
+    """One tensor read twice by one op, possibly through different projections."""
     check_op(fn, ref, [((), (4,), (4,))])
 
 

@@ -1,5 +1,5 @@
-"""Golden files of the forward code of canonical programs (shared/DESIGN.md §6): the assignments
-IR (``.cd``, spec/backend.md §3.5) and the unoptimized loop IR (``.ll``) of each program's forward
+"""Golden files of the forward code of canonical programs: the assignments
+IR (``.cd``) and the unoptimized loop IR (``.ll``) of each program's forward
 computation are pinned under ``golden/forward/``; ``pytest --update-golden`` rewrites them and a
 reviewer reads the diff. Session state (ids, labels) is reset per test, so the text is stable.
 

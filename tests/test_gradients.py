@@ -1,6 +1,6 @@
 """Gradients of every differentiable op against central finite differences, plus hand-derived cases.
 
-One helper, :func:`check_grad`, checks any op (tinygrad's ``helper_test_op`` habit, shared/STYLE.md):
+One helper, :func:`check_grad`, checks any op (tinygrad's ``helper_test_op`` habit):
 it makes float64 parameters of the given ``(batch, output, input)`` dims, applies the op, reduces
 the result to a scalar with a fixed random weighting ``(y * R).sum()``, and compares each
 parameter's ``grad`` after ``train.grad_update`` with central differences of that scalar. A
@@ -8,8 +8,9 @@ parameter has no batch axes, so an operand with batch axes is a parameter whose 
 axes are moved to the batch row by a one-operand einsum (a permutation, gradient ``g1 += g``).
 
 Inputs come from domains where the op is smooth (no ``relu``/``abs`` at 0, no ties for
-``maximum``, ``einmax``, ``tropical``), as the gradient rules of spec/frontend.md §3.2 assume.
-The hand-derived table covers spec/frontend.md §10 items 14-16 and a few cases worked by hand.
+``maximum``, ``einmax``, ``tropical``), as the gradient rules assume (docs/training.md,
+"Gradient rules"). The hand-derived cases are the ports of the original's tests (a quadratic,
+micrograd's README expression, ``where``) and a few more worked by hand.
 """
 
 from __future__ import annotations
@@ -385,7 +386,7 @@ def run_grad_update(loss: oc.Tensor, **bindings):
 
 
 def test_zero2hero_quadratic():
-    """spec/frontend.md §10 item 14: f = 3x² − 4x + 5 at x = 5."""
+    """f = 3x² − 4x + 5 at x = 5 (the original's zero-to-hero test)."""
     x = scalar_param("x", 5.0)
     x2 = x ** 2
     three_x2 = 3 * x2
@@ -412,7 +413,7 @@ def test_zero2hero_quadratic():
 
 
 def test_micrograd_readme_expression():
-    """spec/frontend.md §10 item 15: micrograd's README expression at a = −4, b = 2."""
+    """micrograd's README expression at a = −4, b = 2."""
     a, b = scalar_param("a", -4.0), scalar_param("b", 2.0)
     c = a + b
     d = a * b + b ** 3
@@ -432,7 +433,7 @@ def test_micrograd_readme_expression():
 
 @pytest.mark.parametrize("cond, value, grad_x, grad_y", [(1, 2.0, 1.0, 0.0), (0, 3.0, 0.0, 1.0)])
 def test_where_simple(cond, value, grad_x, grad_y):
-    """spec/frontend.md §10 item 16: where(c, x = 2, y = 3); the condition is a number."""
+    """where(c, x = 2, y = 3); the condition is a number."""
     x, y = scalar_param("x", 2.0), scalar_param("y", 3.0)
     r = oc.where(cond, x, y)
     _routine = run_grad_update(r)

@@ -1,4 +1,4 @@
-"""The moons demo (shared/DESIGN.md §4): the original test's criterion, with our default seed."""
+"""The moons demo (docs/training.md): the original test's criterion, with our default seed."""
 
 import pytest
 

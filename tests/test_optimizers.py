@@ -1,7 +1,7 @@
-"""SGD and Adam against numpy references, step by step (ocannl/train.py, spec/frontend.md §6.1).
+"""SGD and Adam against numpy references, step by step (ocannl/train.py, docs/training.md).
 
 Each optimizer trains the same float64 least-squares model, ``loss = ½ Σ (w @ x + b − t)²``, for
-20 steps; a numpy reference with the torch.optim semantics shared/DESIGN.md §4 names
+20 steps; a numpy reference with torch.optim's semantics
 (torch.optim.SGD with dampening 0, torch.optim.Adam bias-corrected with eps after the sqrt, L2
 weight decay, AdamW when decoupled) runs on the same data from the same start, with gradients from
 numpy's own matrix products. After every step the gradients ocannl computed and the updated

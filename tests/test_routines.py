@@ -1,5 +1,5 @@
-"""Routines are compiled once and run many times with different index bindings (shared/DESIGN.md
-§3-4, spec/frontend.md §6.1): compilation counts, the training loops' bindings, binding errors."""
+"""Routines are compiled once and run many times with different index bindings (docs/training.md,
+"Routines and index symbols"): compilation counts, the training loops' bindings, binding errors."""
 
 from __future__ import annotations
 

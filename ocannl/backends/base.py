@@ -1,10 +1,10 @@
-"""The runtime: backends, contexts and routines (spec/backend.md §8, simplified).
+"""The runtime: backends, contexts and routines (docs/compiler.md, "The runtime").
 
 A :class:`Backend` turns a :class:`~ocannl.lowlevel.ir.RoutineIR` into an executable; it sees the
 loop IR and the nodes, nothing of the tensor frontend. A :class:`Context` owns one backend and a
 buffer per node (a numpy array in the node's storage dtype, zero-filled when first used), and
 compiles computations into :class:`Routine` objects, each compiled once and run many times with
-different index symbol bindings (shared/DESIGN.md §4)::
+different index symbol bindings::
 
     ctx = Context.auto()                      # OCANNL_BACKEND, else the best available backend
     step = ctx.compile(update, sgd)           # Computations, or objects with .to_computation()
@@ -16,7 +16,7 @@ Compiling also initializes: each computation's ``inits`` runs once per context f
 that have no value on the context yet (host data is copied in; code runs in an init routine of
 its own). With ``debug_dir`` set
 (or ``OCANNL_DEBUG_DIR``), compiling writes ``<routine>.cd``, ``<routine>-unoptimized.ll`` and
-``<routine>.ll`` there (spec/backend.md §9).
+``<routine>.ll`` there.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ _registry: dict[str, _Registration] = {}
 def register_backend(name: str, factory: Callable[..., Backend], *, preference: int = 0,
                      options: tuple[str, ...] = ()) -> None:
     """Make backend ``name`` selectable; :meth:`Context.auto` picks the available backend of
-    highest ``preference`` (interp has 0; shared/DESIGN.md §4 orders triton > c > interp).
+    highest ``preference`` (interp has 0; the built-in ones order triton > c > interp).
     ``options`` are the keyword arguments ``factory`` takes (``Context(name, option=...)``)."""
     _registry[name] = _Registration(factory, preference, options)
 

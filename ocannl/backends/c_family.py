@@ -106,6 +106,9 @@ class CFamilySyntax(Syntax):
     """The qualifiers of a constant table inside a function."""
     lanes: tuple[str, str, str, str]
     """The members of a uint4x32 value holding its lanes 0 to 3."""
+    lane_subscript: str
+    """What follows a uint4x32 value to read the lane numbered by an expression, ``{}`` standing
+    for it: C subscripts its struct's array, MSL its vector."""
     status_param: str
     """The parameter through which a helper records a failed check."""
     store_status: str
@@ -207,6 +210,10 @@ class CFamilySyntax(Syntax):
     def binary(self, op: Binop, dtype: DType, a: str, b: str) -> str:
         if op is Binop.THREEFRY4X32:
             return f"{self.helper('ocannl_threefry4x32')}({a}, {b})"
+        if op is Binop.UINT4X32_PACK:
+            return f"{self.helper('ocannl_uint4x32_pack')}({a}, {b})"
+        if op is Binop.UINT4X32_WORD:
+            return f"({a}){self.lane_subscript.format(b)}"
         if op in _INFIX:
             return f"({a} {_INFIX[op]} {b})"
         if op in _RULES:
@@ -386,6 +393,16 @@ def _uint4x32_of(s: CFamilySyntax, _: None) -> str:
     return f"{s.inline} {v} ocannl_uint4x32_of({s.uint64_type} x) {{ return {s.vector(lanes)}; }}"
 
 
+def _uint4x32_pack(s: CFamilySyntax, _: None) -> str:
+    """Two int64 halves as a uint4x32: the 64 bits of each (converted as two's complement) in
+    two lanes, low word first, ``lo`` in lanes 0 and 1."""
+    u, v = s.storage_type(dtypes.uint32), s.storage_type(dtypes.uint4x32)
+    lanes = [s.convert(u, half) if k % 2 == 0 else s.convert(u, f"{half} >> 32", compound=True)
+             for k, half in enumerate(("lo", "lo", "hi", "hi"))]
+    w = s.uint64_type
+    return f"{s.inline} {v} ocannl_uint4x32_pack({w} lo, {w} hi) {{ return {s.vector(lanes)}; }}"
+
+
 def _uniform1(s: CFamilySyntax, dtype: DType) -> str:
     """The top 24 bits of lane 0 (float32) or 53 bits of lanes 1:0 (float64), scaled into [0, 1):
     every value exact, as ``prng.py`` states."""
@@ -404,6 +421,7 @@ _HELPERS: dict[str, _Helper] = {
     "ocannl_index": _Helper(_index, requires=("ocannl_fail",)),
     "ocannl_threefry4x32": _Helper(_threefry),
     "ocannl_uint4x32_of": _Helper(_uint4x32_of),
+    "ocannl_uint4x32_pack": _Helper(_uint4x32_pack),
     "ocannl_uniform1": _Helper(_uniform1),
     **{f"ocannl_{op.value}": _rule(op) for op in _RULES},
     "ocannl_abs": _Helper(_abs),

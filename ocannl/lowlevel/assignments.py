@@ -1,16 +1,16 @@
-"""The assignments IR: what each tensor operation computes, before loops exist (spec/backend.md §3).
+"""The assignments IR: what each tensor operation computes, before loops exist (docs/compiler.md).
 
 Its one workhorse is the accumulating assignment :class:`Accum`, ``lhs <accum>= fn(rhs...)``,
 iterated over the product space of its :class:`~ocannl.lowlevel.indexing.Projections`.
-Every op's forward and gradient code is written with it (shared/DESIGN.md §3). Beside it:
+Every op's forward and gradient code is written with it (docs/training.md). Beside it:
 :class:`Fetch` fills a node from a constant, its own offsets, a slice of another node, an index
 symbol or explicit values; :class:`Gather` and :class:`ScatterAdd` are ``oc.take`` and its
-gradient, the one data-dependent access (shared/DESIGN.md §5).
+gradient, the one data-dependent access.
 
 A :class:`Computation` is what ``Context.compile`` accepts: a named body plus the initializers of
 nodes (parameters) that must hold a value before the body first runs.
 
-The ``.cd`` printer (:func:`format_cd`) mirrors the original's ``%cd`` notation (§3.5), e.g.::
+The ``.cd`` printer (:func:`format_cd`) mirrors the original's ``%cd`` notation, e.g.::
 
     update (batch_n : [0..79]):
       # "forward";
@@ -54,7 +54,7 @@ class Apply:
     """A scalar expression over the operands of an accumulating assignment: ``op(args...)``,
     where each argument is an :class:`Arg`, a nested :class:`Apply`, a number, a uint4x32
     constant (a tuple of four ints, e.g. a PRNG key) or :class:`CellOffset`. Gradients need
-    it (``g2 =- g * (v1 / (v2 * v2))`` is one assignment, spec/frontend.md §3.2); a single
+    it (``g2 =- g * (v1 / (v2 * v2))`` is one assignment); a single
     operator applied to every operand in order is written as the bare operator."""
 
     op: ScalarOp
@@ -127,7 +127,7 @@ class RangeOverOffsets:
 @dataclass(frozen=True)
 class Slice:
     """``lhs = parent[index, ...]``: the cells of ``parent`` at position ``index`` of its leftmost
-    axis (``xs[batch_n]``, spec/backend.md §3.1). ``parent.dims`` is ``(n,) + lhs.dims``."""
+    axis (``xs[batch_n]``). ``parent.dims`` is ``(n,) + lhs.dims``."""
 
     parent: TNode
     index: IndexSymbol
@@ -214,8 +214,8 @@ class Computation:
     """A named top-level assignment plus node initializers.
 
     ``inits`` pairs a node with its :data:`Init`; the runtime runs it once per context, before
-    the body, for each node that has no value on that context yet (shared/DESIGN.md §3,
-    "Parameters").
+    the body, for each node that has no value on that context yet (docs/training.md,
+    "Parameters and random numbers").
     """
 
     name: str
@@ -277,7 +277,7 @@ def static_symbols(asg: Assignment) -> tuple[IndexSymbol, ...]:
 
 
 # ---------------------------------------------------------------------------------------------
-# The .cd printer (spec/backend.md §3.5)
+# The .cd printer
 
 
 def format_cd(name: str, asg: Assignment) -> str:
@@ -338,7 +338,7 @@ def _format_op(op: ScalarOp, args: list[str]) -> str:
             return args[0]
         case Unop():
             return f"{op.value} {args[0]}"
-        case Binop():
+        case Binop() if op.symbol is not None:
             return f"{args[0]} {op.symbol} {args[1]}"
     return f"{op.value}({', '.join(args)})"
 
@@ -353,7 +353,8 @@ def _format_fn(fn: Apply | Arg | CellOffset | float | int | tuple, args: list[st
     if not isinstance(fn, Apply):
         return format_number(fn)
     text = _format_op(fn.op, [_format_fn(x, args) for x in fn.args])
-    return text if top or isinstance(fn.op, Ternop) or fn.op is Unop.ID else f"({text})"
+    call = isinstance(fn.op, Ternop) or (isinstance(fn.op, Binop) and fn.op.symbol is None)
+    return text if top or call or fn.op is Unop.ID else f"({text})"
 
 
 def _format_fetch(source: FetchSource) -> str:

@@ -1,7 +1,8 @@
 """Precisions: their storage, their names in every backend language, and their rounding rules.
 
-spec/backend.md §1.1 lists the original's precisions; we keep the ones shared/DESIGN.md §3 names.
-Two rules fix the arithmetic of the whole compiler (shared/DESIGN.md §3, "Precisions"):
+ocannl has float32, float64, float16, bfloat16, int32, int64, uint32 and uint4x32 (the PRNG's);
+the original also has byte, uint16, uint64 and fp8.
+Two rules fix the arithmetic of the whole compiler (docs/design.md, "Arithmetic"):
 
 * float32 and float64 arithmetic runs in that type, one rounding per operation, no contraction,
   so generated C equals the interpreter bit for bit;
@@ -36,7 +37,7 @@ class DType:
     """One precision. Instances are the module-level singletons below; compare them with ``is``.
 
     ``rank`` orders precisions for promotion (:func:`promote`): uint4x32 dominates, then
-    float64 > float32 > bfloat16 > float16 > int64 > uint32 > int32, as spec/backend.md §1.1.
+    float64 > float32 > bfloat16 > float16 > int64 > uint32 > int32, as in the original.
     """
 
     name: str

@@ -131,7 +131,8 @@ _METAL_VECTORS = [
 
 _TRITON = """
     triton tl launch buffers symbols error FP_FUSION XBLOCK RBLOCK BLOCK_M BLOCK_N BLOCK_K GROUP_M
-    tanh pow threefry4x32 uint4x32_of uniform1_float32 uniform1_float64 bfloat16_bits
+    tanh pow threefry4x32 uint4x32_of uint4x32_pack uniform1_float32 uniform1_float64 bfloat16_bits
+    bfloat16_round product os NATIVE_BF16_DOT
     grid warmup stream num_warps num_ctas num_stages warp_size maxnreg ptx_version ptx_options
     ir_override enable_fp_fusion enable_reflect_ftz launch_cooperative_grid launch_pdl clc
     supported_fp8_dtypes deprecated_fp8_dot_operand_dtypes default_dot_input_precision

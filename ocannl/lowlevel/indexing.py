@@ -3,7 +3,7 @@
 Shape inference (``ocannl/shape/projections.py``) derives, for every accumulating assignment, a
 :class:`Projections` value: the loops of the assignment (its *product space*) and, for the result
 and each operand, how every axis is indexed by those loops. Lowering (``lower.py``) turns it into
-loop nests and needs nothing else. See spec/backend.md §2 and spec/frontend.md §1.9.
+loop nests and needs nothing else. See docs/shapes.md, "Projections".
 
 This module knows nothing of tensors or shapes, so the compiler half can use it alone.
 """
@@ -151,7 +151,7 @@ def index_bounds(
 
 @dataclass(frozen=True)
 class Projections:
-    """How one accumulating assignment iterates (spec/backend.md §2.1).
+    """How one accumulating assignment iterates.
 
     ``product_space[k]`` is the extent of loop ``product_iterators[k]``; loops are nested in this
     order. ``project_lhs`` has one index per axis of the result (memory order: batch, output,

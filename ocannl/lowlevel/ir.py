@@ -1,4 +1,4 @@
-"""The loop IR: what every backend consumes (spec/backend.md §4, simplified).
+"""The loop IR: what every backend consumes (docs/compiler.md, "The loop IR and .ll").
 
 Statements are loops, sequences, stores and whole-buffer fills; scalar expressions are typed
 trees. The IR is built for four consumers — the interpreter, C, Triton and MSL emitters — so it
@@ -11,9 +11,10 @@ keeps explicit what each of them needs:
   (dtypes.py): a :class:`Load` of a float16 or bfloat16 node yields float32, and a store rounds
   to the node's precision. Operands of an operator have the operator's type; conversions are
   explicit :class:`Cast` nodes, so emitters never infer a type. The PRNG operators are the
-  exception, each with fixed types: ``threefry4x32`` on uint4x32 values, and the conversions
+  exception, each with fixed types: ``threefry4x32`` on uint4x32 values, the conversions
   ``uniform1`` and ``uint4x32_of``, :class:`Unary` nodes that state their result type (their bits:
-  ``ocannl/lowlevel/prng.py``).
+  ``ocannl/lowlevel/prng.py``), and ``uint4x32_pack`` and ``uint4x32_word``, the :class:`Binary`
+  nodes that build a uint4x32 from its words and read one back.
 * Buffer indices are :data:`~ocannl.lowlevel.indexing.AxisIndex` values, affine in loop symbols
   and static index symbols (bound at run time), except one axis of :class:`LoadDynamic` /
   :class:`StoreDynamic`, indexed by a data-dependent integer (``oc.take`` and its gradient).
@@ -22,7 +23,7 @@ keeps explicit what each of them needs:
 
 Locals (:class:`Local`, :class:`DeclareLocal`, :class:`SetLocal`, :class:`GetLocal`,
 :class:`LocalScope`) are scalar variables for the optimizer's virtualization and CSE passes
-(spec/backend.md §5); lowering does not produce them.
+(docs/compiler.md, "Optimization"); lowering does not produce them.
 
 The ``.ll`` printer (:func:`format_routine`) numbers loop indices ``i0, i1, ...`` and locals
 ``v0, v1, ...`` by first appearance in each routine, so printed files do not depend on the global
@@ -49,7 +50,7 @@ from ocannl.lowlevel.indexing import (
     Symbol,
     index_symbols,
 )
-from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
+from ocannl.lowlevel.scalar_ops import UINT4X32_LANES, Binop, Ternop, Unop, operand_dtypes
 from ocannl.lowlevel.tnode import TNode
 
 # ---------------------------------------------------------------------------------------------
@@ -144,15 +145,26 @@ class Unary:
 
 @dataclass(frozen=True)
 class Binary:
+    """``op(a, b)``, of ``a``'s type, except the uint4x32 word operators: ``uint4x32_pack`` makes
+    a uint4x32 of two int64 halves, ``uint4x32_word`` reads lane ``b`` (a uint32 constant from 0
+    to 3) of a uint4x32 as a uint32 (``ocannl/lowlevel/scalar_ops.py``)."""
+
     op: Binop
     a: Expr
     b: Expr
 
     def __post_init__(self) -> None:
-        _check_operator(self.op, (self.a.dtype, self.b.dtype))
+        if self.op in (Binop.UINT4X32_PACK, Binop.UINT4X32_WORD):
+            _check_word_operator(self.op, self.a, self.b)
+        else:
+            _check_operator(self.op, (self.a.dtype, self.b.dtype))
 
     @property
     def dtype(self) -> DType:
+        if self.op is Binop.UINT4X32_PACK:
+            return dtypes.uint4x32
+        if self.op is Binop.UINT4X32_WORD:
+            return dtypes.uint32
         return self.a.dtype
 
 
@@ -332,7 +344,7 @@ def seq(*stmts: Stmt) -> Stmt:
 def loop(symbol: Symbol, extent: int, body: Stmt) -> For:
     """A loop, ``PARALLEL`` when its iterations write disjoint cells: every store in ``body``
     indexes some axis by the bare loop index, and the body sets no local declared outside it.
-    Otherwise ``REDUCTION`` (spec/backend.md §4, shared/DESIGN.md §5)."""
+    Otherwise ``REDUCTION``."""
     stores = [s for s in iter_stmts(body) if isinstance(s, (Store, StoreDynamic))]
     declared = {s.local for s in iter_stmts(body) if isinstance(s, DeclareLocal)}
     parallel = (
@@ -515,8 +527,20 @@ def _check_operator(op: Unop | Binop | Ternop, operand_types: tuple[DType, ...])
         raise DTypeError(f"{op.value} is defined on floats only, got {first.name}: cast the operand")
 
 
+def _check_word_operator(op: Binop, a: Expr, b: Expr) -> None:
+    """The fixed operand types of ``uint4x32_pack`` and ``uint4x32_word``; the lane a word is read
+    from must be a constant, since Triton keeps the four lanes in four variables."""
+    expected = operand_dtypes(op, dtypes.uint4x32 if op is Binop.UINT4X32_PACK else dtypes.uint32)
+    if (a.dtype, b.dtype) != expected:
+        raise DTypeError(f"{op.value} takes {expected[0].name} and {expected[1].name} operands, got "
+                         f"{a.dtype.name} and {b.dtype.name}")
+    if op is Binop.UINT4X32_WORD and not (isinstance(b, Const) and 0 <= b.value < UINT4X32_LANES):
+        raise DTypeError(f"uint4x32_word reads a lane given by a constant from 0 to {UINT4X32_LANES - 1}, "
+                         f"got {b!r}")
+
+
 # ---------------------------------------------------------------------------------------------
-# The .ll printer (spec/backend.md §4.3)
+# The .ll printer
 
 WIDTH = 100
 """Lines of a loop that fit in this many columns print on one line."""

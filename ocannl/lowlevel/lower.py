@@ -1,4 +1,4 @@
-"""Lowering: the assignments IR to the loop IR (spec/backend.md §3.2).
+"""Lowering: the assignments IR to the loop IR (docs/compiler.md, "Lowering").
 
 Each construct has one function: :func:`lower_accumulation`, :func:`lower_fetch`,
 :func:`lower_gather`, :func:`lower_scatter_add`; :func:`lower` dispatches and
@@ -78,7 +78,7 @@ def lower_accumulation(a: Accum) -> Stmt:
     ``lhs[P] := accum(lhs[P], fn(rhs...))``, or ``lhs[P] := fn(rhs...)`` for a plain set and for
     ``initialize_neutral`` with an injective projection (each cell is written once: for ``=:-``
     and ``=:/`` the store is ``neutral - fn(...)`` / ``neutral / fn(...)``, where the original
-    stores ``fn(...)``, spec/backend.md §3.2 step 4).
+    stores ``fn(...)``).
 
     With ``initialize_neutral``, unless the projection writes every cell exactly once (surjective
     and injective), ``lhs`` is first reset to the neutral element. Where the loops that index
@@ -89,8 +89,7 @@ def lower_accumulation(a: Accum) -> Stmt:
 
     Operand indices: an index of a size-1 operand axis reads position 0 (broadcasting); an
     affine index that interval arithmetic over the loop extents cannot keep inside the operand
-    reads the accumulation's neutral element outside it (padded convolutions, spec/backend.md
-    §3.2 step 6).
+    reads the accumulation's neutral element outside it (padded convolutions).
     """
     proj = a.projections()
     _check_projections(a, proj)

@@ -23,6 +23,9 @@ Exactness rules the two forms share (and which the compiled backends reproduce):
   (the interpreter's runtime fault; folding leaves such an expression alone);
 * every other integer result wraps around modulo 2**bits.
 
+The uint4x32 word operators (``uint4x32_pack``, ``uint4x32_word``) have their scalar and array
+forms apart from the tables, since their values are not scalars of one compute type.
+
 Adding an operator: its member in ``scalar_ops``, one entry in each of the two tables here, and
 one rendering line per emitter (``docs/operators.md``).
 """
@@ -256,6 +259,41 @@ def _array_fma_float32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarra
 
 
 # ---------------------------------------------------------------------------------------------
+# The uint4x32 word operators: a uint4x32 built from two int64 halves, and one of its lanes read
+# back. A uint4x32 value is, in the scalar form, an array of its four uint32 lanes (the scalar
+# interpreter's value); in the array form, a tuple of four uint32 lane arrays that broadcast
+# together (the vectorized interpreter's). The lane index is a Python int (the IR's constant).
+
+_LOW32 = 0xFFFFFFFF
+
+
+def scalar_uint4x32_pack(lo: Any, hi: Any) -> np.ndarray:
+    """``uint4x32_pack lo hi``: the 64-bit two's complement of ``lo`` in lanes 0 (low) and 1,
+    of ``hi`` in lanes 2 and 3."""
+    lo, hi = int(lo) & 0xFFFFFFFFFFFFFFFF, int(hi) & 0xFFFFFFFFFFFFFFFF
+    return np.array((lo & _LOW32, lo >> 32, hi & _LOW32, hi >> 32), dtype=np.uint32)
+
+
+def scalar_uint4x32_word(x: np.ndarray, lane: int) -> np.uint32:
+    """``uint4x32_word x lane``: lane ``lane`` of ``x``."""
+    return np.uint32(x[lane])
+
+
+def array_uint4x32_pack(lo: Any, hi: Any) -> tuple[np.ndarray, ...]:
+    """:func:`scalar_uint4x32_pack` of every pair of elements (int64 arrays), as four lanes."""
+    words = []
+    for half in (lo, hi):
+        bits = np.asarray(half, dtype=np.int64).astype(np.uint64)  # two's complement, as C converts
+        words += [(bits & np.uint64(_LOW32)).astype(np.uint32), (bits >> np.uint64(32)).astype(np.uint32)]
+    return tuple(words)
+
+
+def array_uint4x32_word(x: tuple[np.ndarray, ...], lane: int) -> np.ndarray:
+    """:func:`scalar_uint4x32_word` of every element: the lane array itself."""
+    return x[lane]
+
+
+# ---------------------------------------------------------------------------------------------
 # Constant folding: the scalar forms, at compile time, for the operators every backend rounds
 # exactly as the host does.
 
@@ -273,7 +311,8 @@ FOLDED_BINARY: frozenset[Binop] = frozenset(
     }
 )
 """The binary operators folded at compile time: each rounds once (or not at all). Not ``pow``
-(the C library's approximation) nor the PRNG's ``threefry4x32``."""
+(the C library's approximation) nor the PRNG operators (``threefry4x32`` and the uint4x32 word
+operators), whose values are uint4x32 or come from one."""
 
 
 def fold_unary(op: Unop, x: Any, dtype: DType) -> Any | None:

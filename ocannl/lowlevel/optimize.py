@@ -1,4 +1,4 @@
-"""Backend-independent optimization of the loop IR (spec/backend.md §5, simplified).
+"""Backend-independent optimization of the loop IR (docs/compiler.md, "Optimization").
 
 :func:`optimize` sits between lowering and the backends; ``Context.compile`` prints its input as
 ``<routine>-unoptimized.ll`` and its output as ``<routine>.ll``. It composes passes that can each
@@ -10,8 +10,7 @@ be run and tested alone:
 2. :func:`virtualize` — a node that the runtime does not need to keep (not in ``keep``), written
    by one loop nest whose store indices are a bijection of its loop indices (a pointwise nest, or
    a reduction nest with its reset) and read only after it, without a cell being computed twice,
-   gets no buffer: each read ``n[J]`` becomes a local scope computing the value of that cell
-   (spec/backend.md §4.3, §5.3).
+   gets no buffer: each read ``n[J]`` becomes a local scope computing the value of that cell.
 3. :func:`simplify` — local scopes of one assignment collapse to their value; constants fold
    where IEEE arithmetic rounds exactly once (never libm functions); identities that hold bit for
    bit (``x * 1``, ``x / 1``, ``x - 0``, ``x + -0``, never ``x + 0`` nor ``x * 0``); affine
@@ -24,7 +23,7 @@ be run and tested alone:
    interpreter included, runs the optimized IR, so backends still agree with each other.
 
 Without the fast setting every pass keeps the interpreter's results bit for bit
-(shared/DESIGN.md §3: one rounding per operation, no contraction).
+(docs/design.md, "Arithmetic": one rounding per operation, no contraction).
 
 **What persists (the keep/virtual contract).** Only the runtime knows which nodes must outlive a
 routine, so :func:`optimize` takes ``keep``: nodes that must stay materialized. The default
@@ -160,8 +159,8 @@ def top_level(body: Stmt) -> tuple[Stmt, ...]:
 
 
 def trace(routine: RoutineIR) -> Trace:
-    """Trace the accesses of every node of ``routine`` (spec/backend.md §5.1, simplified to
-    index patterns instead of concrete positions).
+    """Trace the accesses of every node of ``routine``, by index patterns
+    (the original traces concrete positions).
 
     A node is read before written unless its first access in program order is a write that
     covers every cell (a fill, or a store whose indices are distinct loop indices spanning the
@@ -345,7 +344,7 @@ class _Plan:
 
 
 def virtualize(routine: RoutineIR, keep: Collection[TNode]) -> RoutineIR:
-    """Inline every node outside ``keep`` that can be (spec/backend.md §5.2–5.4, simplified).
+    """Inline every node outside ``keep`` that can be.
 
     A node ``n`` is inlined when all of these hold (:func:`virtualization_obstacle` names the
     first that fails):
@@ -364,7 +363,7 @@ def virtualize(routine: RoutineIR, keep: Collection[TNode]) -> RoutineIR:
       stores constants and index values, or copies one load), one statement reads the node, at
       one index tuple (CSE merges the repeated reads), reaching each cell once (every loop around
       the read indexes its own axis). So an intermediate read by the forward and the backward
-      code stays materialized, as the original's visit count decides (spec/backend.md §5.1).
+      code stays materialized, as the original's visit count decides.
 
     Each read ``n[J]`` becomes a local scope running the producer with the bound loops replaced
     by ``J`` (their loops disappear), other loops renamed, ``n[I] := v`` turned into
@@ -661,7 +660,7 @@ class _CopyProducer(FreshCopy):
 
 
 def simplify(routine: RoutineIR) -> RoutineIR:
-    """Simplify every statement of ``routine`` (spec/backend.md §5.5, restricted to rewrites
+    """Simplify every statement of ``routine``, by rewrites
     that keep the interpreter's bits):
 
     * a local scope whose body is ``v := e`` is ``e``; ``v := e1; v := e2`` is ``e2`` with ``e1``
@@ -836,7 +835,7 @@ def _identity(e: Expr) -> Expr | None:
 
 
 def eliminate_common_subexpressions(routine: RoutineIR) -> RoutineIR:
-    """Compute once what a sequence of statements computes several times (spec/backend.md §5.7).
+    """Compute once what a sequence of statements computes several times.
 
     In each sequence of sibling statements (the routine body, a loop body, a local scope's body),
     an expression evaluated unconditionally (not only inside a ``where`` branch) by the same
@@ -953,7 +952,7 @@ def _size(e: Expr, known: dict[int, tuple[Expr, int]] | None = None) -> int:
 
 class _KeyCache:
     """Alpha-equivalence keys: two expressions have equal keys when they are equal up to a
-    bijective renaming of the locals and loop symbols they bind (spec/backend.md §5.7).
+    bijective renaming of the locals and loop symbols they bind.
 
     A key is a small integer: each distinct structure is numbered once, so hashing and comparing
     keys costs the same for any size of expression. The key of an IR node computed with nothing

@@ -1,9 +1,9 @@
 """Counter-based random numbers as IR building blocks: the same bits on every backend.
 
-Parameters are initialized inside the compiled init routine (shared/DESIGN.md §3, "Parameters")
-by standard Threefry-4x32-20, Random123's generator, not the original's variant of
-spec/backend.md §7.6. A random fill is one accumulating assignment with no operands whose
-expression hashes each cell's offset, for example a uniform fill::
+Parameters are initialized inside the compiled init routine (docs/training.md, "Parameters and
+random numbers") by standard Threefry-4x32-20, Random123's generator, not the original's variant.
+A random fill is one accumulating assignment with no operands whose expression hashes each cell's
+offset, for example a uniform fill::
 
     w =: -0.5 + (1.0 * (uniform1 (uint4x32(0, 7, 0, 0) ^^^^ (uint4x32_of cell_offset()))))
 
@@ -44,7 +44,7 @@ stream's key by one more Threefry block, as JAX's ``fold_in``:
 ``threefry4x32(run_key(key(seed, stream), r), uint4x32_of(cell_offset()))``.
 
 The arithmetic around the uniforms is ordinary IR in the node's compute type, one rounding per
-operation and no contraction (shared/DESIGN.md §3): the uniform fill is bit-exact on every
+operation and no contraction (docs/design.md, "Arithmetic"): the uniform fill is bit-exact on every
 backend; the normal fill goes through ``log``, ``sqrt`` and ``cos``, so it is as exact as the
 backends' math libraries agree.
 """

@@ -1,9 +1,9 @@
 """Standard Threefry-4x32 in plain numpy: the oracle for the PRNG built from IR.
 
 ocannl initializes parameters with a counter-based PRNG so that every backend produces the same
-bits for the same seed (shared/DESIGN.md §3). The generator is the *standard* Threefry-4x32 of
+bits for the same seed. The generator is the *standard* Threefry-4x32 of
 Random123 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011), not the
-original OCANNL's variant described in spec/backend.md §7.6 (other rotation constants, a
+original OCANNL's variant (other rotation constants, a
 different injection schedule and a 2-round "light" mode). Being standard lets us check it against
 the published Random123 known-answer vectors, which this module's tests do; ``prng.py`` (threefry
 as IR building blocks) and every backend are then checked bit for bit against this module.
@@ -164,7 +164,7 @@ def uniform1_float32(bits) -> np.ndarray:
     """One float32 uniform per uint4x32, from word 0 by :func:`uniform_float32`'s rule.
 
     This is the pointwise form used when each output cell gets its own 128-bit block (the
-    default parameter initialization, spec/frontend.md §7 ``uniform1``); the other three words are
+    default parameter initialization, ``uniform1``); the other three words are
     unused. Input shape ``(..., 4)``, output shape ``(...)``.
     """
     return uniform_float32(bits)[..., 0]

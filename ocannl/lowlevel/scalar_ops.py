@@ -26,7 +26,13 @@ The PRNG operators (:data:`PRNG_OPS`) are the only ones on uint4x32 values and h
 types: ``threefry4x32 key counter`` (uint4x32, uint4x32 -> uint4x32), ``uniform1 x`` (uint4x32 ->
 float32 or float64, the type the consumer asks for) and ``uint4x32_of x`` (an integer ->
 uint4x32). Their bit-level contract, which every backend reproduces exactly, is the docstring of
-``ocannl/lowlevel/prng.py``.
+``ocannl/lowlevel/prng.py``. Two more move whole words in and out of a uint4x32, so that a
+program can hash words it holds in uint32 tensors (``oc.threefry4x32``):
+``uint4x32_pack lo hi`` (int64, int64 -> uint4x32) is the value whose lanes 0 and 1 are the low
+and high 32 bits of ``lo``'s two's complement and lanes 2 and 3 those of ``hi`` (so words
+``w0..w3`` pack as ``lo = w0 + w1 * 2**32``, ``hi = w2 + w3 * 2**32``, the products wrapping),
+and ``uint4x32_word x j`` (uint4x32, uint32 -> uint32) is lane ``j`` of ``x``, where ``j`` is a
+constant from 0 to 3.
 
 ``ocannl/lowlevel/op_semantics.py`` is the executable form of this table (a scalar and an array
 form of every operator), which the interpreters run and constant folding calls; adding an operator
@@ -97,16 +103,20 @@ class Binop(_Operator):
     AND = "and"
     OR = "or"
     THREEFRY4X32 = "threefry4x32"
+    UINT4X32_PACK = "uint4x32_pack"
+    UINT4X32_WORD = "uint4x32_word"
 
     @property
-    def symbol(self) -> str:
-        """The infix form of the ``.cd`` notation (spec/backend.md §3.5), also used by ``.ll``."""
-        return _BINOP_SYMBOLS[self]
+    def symbol(self) -> str | None:
+        """The infix form of the ``.cd`` notation, also used by ``.ll``; ``None`` for the
+        uint4x32 word operators, which both notations print as calls, ``name(a, b)``."""
+        return _BINOP_SYMBOLS.get(self)
 
     @property
     def infix(self) -> bool:
         """Printed ``(a <symbol> b)`` in ``.ll``; the others print ``name(a, b)``."""
-        return self not in (Binop.MAX, Binop.MIN, Binop.RELU_GATE, Binop.SAT01_GATE, Binop.THREEFRY4X32)
+        return self.symbol is not None and self not in (
+            Binop.MAX, Binop.MIN, Binop.RELU_GATE, Binop.SAT01_GATE, Binop.THREEFRY4X32)
 
 
 _BINOP_SYMBOLS = {
@@ -134,20 +144,29 @@ FLOAT_ONLY_OPS: frozenset[ScalarOp] = frozenset({
 ``pow``. The others take integer operands too (``div`` and ``mod`` truncating as C does), except
 the PRNG operators, whose operand types are fixed (:func:`operand_dtypes`)."""
 
-PRNG_OPS: frozenset[ScalarOp] = frozenset({Binop.THREEFRY4X32, Unop.UNIFORM1, Unop.UINT4X32_OF})
+PRNG_OPS: frozenset[ScalarOp] = frozenset(
+    {Binop.THREEFRY4X32, Unop.UNIFORM1, Unop.UINT4X32_OF, Binop.UINT4X32_PACK, Binop.UINT4X32_WORD})
 """The operators of counter-based random numbers: the only ones on uint4x32 values."""
+
+UINT4X32_LANES = 4
+"""The uint32 lanes of a uint4x32 value; ``uint4x32_word``'s lane index is below it."""
 
 
 def operand_dtypes(op: ScalarOp, result: DType) -> tuple[DType, ...]:
     """The operand types of ``op`` when it yields a ``result`` value: those of the PRNG operators
-    are fixed (a ``uint4x32_of`` operand is an index-sized ``uint32``); every other operator
-    computes in its result's type."""
+    are fixed (a ``uint4x32_of`` operand is an index-sized ``uint32``, the halves of
+    ``uint4x32_pack`` are int64, the lane index of ``uint4x32_word`` a uint32); every other
+    operator computes in its result's type."""
     if op is Binop.THREEFRY4X32:
         return (dtypes.uint4x32, dtypes.uint4x32)
     if op is Unop.UNIFORM1:
         return (dtypes.uint4x32,)
     if op is Unop.UINT4X32_OF:
         return (dtypes.uint32,)
+    if op is Binop.UINT4X32_PACK:
+        return (dtypes.int64, dtypes.int64)
+    if op is Binop.UINT4X32_WORD:
+        return (dtypes.uint4x32, dtypes.uint32)
     return (result,) * op.arity
 
 
@@ -170,8 +189,8 @@ ACCUMULATORS: frozenset[Binop] = frozenset({Binop.ADD, Binop.SUB, Binop.MUL, Bin
 
 
 def neutral_element(accum: Binop | None, dtype: DType) -> float | int:
-    """The value ``=:+``-style assignments reset their left side to, and that padded margins read
-    (spec/backend.md §1.2): 0 for add/sub and for a plain set, 1 for mul/div, the lowest value
+    """The value ``=:+``-style assignments reset their left side to, and that padded margins read:
+    0 for add/sub and for a plain set, 1 for mul/div, the lowest value
     for max and the highest for min."""
     if accum in (Binop.MUL, Binop.DIV):
         return 1

@@ -25,6 +25,8 @@ need (each cell owned by one parallel iteration and reset at most once).
 
 :func:`update_of` is the innermost step alone (``x := x <op> term``), for passes that walk the
 nest themselves (Triton's in-kernel reductions and its ``tl.dot`` contractions).
+:func:`regrouping` says, for each accumulation operator, how its terms may be combined out of
+loop order, and whether that is exact.
 """
 
 from __future__ import annotations
@@ -67,6 +69,39 @@ def update_of(stmt: Stmt, commutative: frozenset[Binop] = frozenset()) -> Update
             return Update(op, stmt, b)
         case Binary(op=op, a=a, b=b) if b == old and op in commutative:
             return Update(op, stmt, a)
+    return None
+
+
+@dataclass(frozen=True)
+class Regrouping:
+    """How a reduction ``x := x op t`` over the terms ``t_1 .. t_n`` may be computed out of loop
+    order: as ``x op (t_1 combine t_2 combine .. combine t_n)``, the terms combined among
+    themselves in any grouping (a tree, chunks) and the result applied to the start once with
+    ``op`` itself. A subtraction is a sum of negated terms (``x - t_1 - t_2 = x - (t_1 + t_2)``),
+    a division by each term a division by their product.
+
+    ``exact``: every grouping gives the loop's result bit for bit (integer arithmetic wraps, so
+    it is associative; max and min pick one of their operands). Otherwise the results agree up to
+    rounding, as reordered float sums do (a few ulps on moderate sums)."""
+
+    combine: Binop
+    exact: bool
+
+
+def regrouping(op: Binop, dtype: DType) -> Regrouping | None:
+    """The :class:`Regrouping` of an accumulation with ``op`` carried in ``dtype``, or ``None``
+    when the loop's order is part of the result: an integer division truncates at every step,
+    and its divisors' product may wrap. Whether a consumer regroups is its own choice (a float16
+    accumulator, rounded on every store, follows the loop whatever this says)."""
+    match op:
+        case Binop.MAX | Binop.MIN:
+            return Regrouping(op, exact=True)
+        case Binop.ADD | Binop.SUB:
+            return Regrouping(Binop.ADD, exact=not dtype.is_float)
+        case Binop.MUL:
+            return Regrouping(Binop.MUL, exact=not dtype.is_float)
+        case Binop.DIV if dtype.is_float:
+            return Regrouping(Binop.MUL, exact=False)
     return None
 
 

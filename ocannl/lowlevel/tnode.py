@@ -1,4 +1,4 @@
-"""Tensor nodes: the buffers the compiler reads and writes (spec/backend.md §2bis).
+"""Tensor nodes: the buffers the compiler reads and writes (docs/compiler.md).
 
 A tensor has a value node and, when differentiable, a gradient node. The compiler half sees only
 nodes: their id, label, dims, precision and memory mode. Dims may be given late (shape inference
@@ -10,7 +10,7 @@ folded, other runs one ``_``; never a leading digit or underscore), is reserved 
 keyword, builtin, header macro, or name the emitters generate: ocannl/lowlevel/identifiers.py),
 and is unique in the session (a collision gets the node id as a suffix). A gradient node's name
 is its value's name plus ``_grad``; the printed IRs show it as ``<value name>.grad``
-(:attr:`TNode.debug_name`, spec/backend.md §2bis.3).
+(:attr:`TNode.debug_name`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ocannl.lowlevel.identifiers import Namespace, sanitize_identifier
 
 
 class MemoryMode(enum.Enum):
-    """Where a node's value lives (spec/backend.md §2bis.2, simplified). ``None`` on a node means
+    """Where a node's value lives (docs/compiler.md, "Tensor nodes"). ``None`` on a node means
     undecided, and the node keeps a buffer: only ``VIRTUAL`` nodes may lose theirs (optimize.py).
     """
 

@@ -1,4 +1,4 @@
-"""The generalized einsum language: spec strings parsed to a small AST (spec/frontend.md §2).
+"""The generalized einsum language: spec strings parsed to a small AST (docs/shapes.md).
 
 A spec such as ``"b|i->o; b|h->i => b|h->o"`` lists operand shape specs separated by ``;`` and the
 result after ``=>``. Each shape spec has up to three rows: ``batch|input->output`` (``|`` ends the
@@ -9,9 +9,10 @@ further axes; a row without one is closed.
 The AST produced here is consumed by shape inference (``solver.py``) and the projections. It
 carries the character offset of every axis so errors can point at the spec.
 
-The parser is hand-written (a lexer, then recursive descent with one method per grammar rule of
-§2.2) because the grammar is small and every error must name the exact character and what was
-expected there; a parser generator would add a dependency and lose that precision.
+The parser is hand-written (a lexer, then recursive descent with one method per rule of the
+grammar in docs/shapes.md, "Einsum grammar") because the grammar is small and every error must
+name the exact character and what was expected there; a parser generator would add a dependency
+and lose that precision.
 :func:`format_einsum` prints an AST back to a spec that parses to the same AST.
 """
 
@@ -139,7 +140,7 @@ class EinsumSpec:
     multichar: bool
 
 
-# --- Lexing (spec/frontend.md §2.1) -------------------------------------------------------------
+# --- Lexing ------------------------------------------------------------------------------------
 
 _MULTICHAR_TRIGGER = re.compile(r"[,*+^&<]|=(?!>)")
 _LETTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
@@ -158,7 +159,7 @@ _KINDS_BY_SEPARATORS = {
 
 def is_multichar(spec: str) -> bool:
     """Multi-character mode iff the spec contains any of ``, * + ^ & <`` or an ``=`` not followed
-    by ``>`` (spec/frontend.md §2.1). Otherwise every letter is its own axis label."""
+    by ``>``. Otherwise every letter is its own axis label."""
     return _MULTICHAR_TRIGGER.search(spec) is not None
 
 
@@ -182,7 +183,7 @@ def _lex(spec: str, multichar: bool) -> list[_Token]:
     The two modes differ only in identifiers: in single-char mode each letter is a label of its
     own (``ijk`` is three axes), in multichar mode an identifier is ``[A-Za-z][A-Za-z0-9_]*`` and
     axes are separated by commas. The characters that would need multichar mode cannot occur in a
-    single-char spec, since they are exactly what selects multichar mode (§2.1).
+    single-char spec, since they are exactly what selects multichar mode.
     """
     tokens: list[_Token] = []
     i, n = 0, len(spec)
@@ -227,7 +228,7 @@ def _unexpected_character(spec: str, i: int, multichar: bool) -> str:
     return f"unexpected character {c!r} in {mode} mode"
 
 
-# --- Parsing (spec/frontend.md §2.2, §2.3) ------------------------------------------------------
+# --- Parsing -----------------------------------------------------------------------------------
 
 
 @dataclass
@@ -249,11 +250,11 @@ class _RawRow:
 
 
 class _Parser:
-    """Recursive descent over the token list, one method per rule of §2.2.
+    """Recursive descent over the token list, one method per rule of the grammar.
 
     Besides the grammar it checks what can be checked without shapes: one row variable per row,
-    no name both an axis label and a row variable (§2.3), stride and dilation positive and
-    ``0 <= offset < stride`` (§1.8). Every error points at the offending token.
+    no name both an axis label and a row variable, stride and dilation positive and
+    ``0 <= offset < stride``. Every error points at the offending token.
     """
 
     def __init__(self, spec: str):
@@ -317,7 +318,7 @@ class _Parser:
             raise self.error(tok, f"expected an operand shape spec{where}")
         return spec
 
-    # shape := row ['|' row] ['->' row], kinds per §2.3; returns (spec, whether it was empty).
+    # shape := row ['|' row] ['->' row], kinds by separator; returns (spec, whether it was empty).
     def shape(self) -> tuple[ShapeSpec, bool]:
         start = self.i
         self.pending_labels = []
@@ -343,7 +344,7 @@ class _Parser:
         first, last = self.tokens[start], self.tokens[self.i - 1]
         return ShapeSpec(**finished, text=self.spec[first.pos : last.end], pos=first.pos), False
 
-    # row := axes and at most one ELL, commas between axes in multichar mode (§2.2)
+    # row := axes and at most one ELL, commas between axes in multichar mode
     def row(self) -> _RawRow:
         raw = _RawRow([], [])
         while True:
@@ -384,7 +385,7 @@ class _Parser:
         self.advance()
 
     def check_names(self, rows: list[_RawRow], kinds: tuple[str, ...]) -> None:
-        """No name may be both a dim label and a row variable (§2.3); shape inference keeps one
+        """No name may be both a dim label and a row variable; shape inference keeps one
         environment per spec. Uses are visited in text order so the error points at the later one.
         ``...`` counts as a use of its kind's name."""
         uses = [(pos, name, None) for pos, name in self.pending_labels]
@@ -433,8 +434,9 @@ class _Parser:
 
     # affine := [S '*'] over [PAD] '+' [INT '+'] [D '*'] kernel | S '*' over ['+' INT]
     def affine(self, start: _Token, stride: int | None, over: str | None = None) -> ConvTerm:
-        """A convolution or strided input axis (§2.2, sizes in §1.8). ``stride`` is None when the
-        term starts with its ``over`` label (then the stride is 1 and a kernel is required)."""
+        """A convolution or strided input axis (docs/shapes.md, "Convolution terms").
+        ``stride`` is None when the term starts with its ``over`` label (then the stride is 1 and
+        a kernel is required)."""
         if over is None:
             self.advance()  # '*'
             over = self.expect_label("*").text
@@ -487,7 +489,7 @@ def _symbolic(name: str, what: str) -> str:
 
 
 def parse_einsum(spec: str) -> EinsumSpec:
-    """Parse ``operand; ... => result`` (spec/frontend.md §2.2). Raises
+    """Parse ``operand; ... => result`` (docs/shapes.md, "Einsum grammar"). Raises
     :class:`EinsumSyntaxError` pointing at the offending character (``len(spec)`` when the spec
     ends too early)."""
     return _Parser(spec).einsum()
@@ -496,7 +498,7 @@ def parse_einsum(spec: str) -> EinsumSpec:
 def parse_shape_spec(spec: str) -> ShapeSpec:
     """Parse a single shape spec (no ``;``, no ``=>``), as used for layouts and label specs.
 
-    Same grammar as an einsum slot (``labels_spec`` in §2.2); integers here are dim sizes, still
+    Same grammar as an einsum slot (the ``shape`` rule); integers here are dim sizes, still
     represented as :class:`FixedIndex`. The empty spec is a shape with no axes at all.
     """
     parser = _Parser(spec)
@@ -555,8 +557,8 @@ def _fits_single_char(shapes: tuple[ShapeSpec, ...]) -> bool:
 
 
 def format_shape_spec(spec: ShapeSpec, multichar: bool = True, trailing_comma: bool = False) -> str:
-    """Print a shape spec in the shortest form of §2.2 that keeps every row; ``trailing_comma``
-    ends the first non-empty row with ``,`` (to select multichar mode, §2.1)."""
+    """Print a shape spec in the shortest form of the grammar that keeps every row; ``trailing_comma``
+    ends the first non-empty row with ``,`` (to select multichar mode)."""
     rows = {k: _format_row(spec.row(k), k, multichar) for k in ("batch", "input", "output")}
     if trailing_comma:
         first = next((k for k, text in rows.items() if text), None)
@@ -575,7 +577,7 @@ def format_einsum(spec: EinsumSpec) -> str:
 
     Single-char mode is kept when ``spec.multichar`` is false and every name fits it; otherwise the
     spec is printed in multichar mode, with a trailing comma where nothing else would select that
-    mode (§2.1): ``oh, => oh`` rather than ``oh => oh``, which would mean ``o, h => o, h``.
+    mode: ``oh, => oh`` rather than ``oh => oh``, which would mean ``o, h => o, h``.
     """
     shapes = spec.operands + (spec.result,)
     multichar = spec.multichar or not _fits_single_char(shapes)

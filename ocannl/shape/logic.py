@@ -1,4 +1,4 @@
-"""Shape logics: how an operation's result shape relates to its operands' (spec/frontend.md §1.5).
+"""Shape logics: how an operation's result shape relates to its operands' (docs/shapes.md).
 
 Each logic does two things, at two times:
 
@@ -75,9 +75,44 @@ class Pointwise(ShapeLogic):
 
 
 @dataclass
+class Words(Pointwise):
+    """Operands whose last output axis holds ``size`` words (``oc.threefry4x32``: the four words
+    of a key and of a counter). The other axes broadcast as :class:`Pointwise`; the word axis is
+    ``size`` in every operand, so it never broadcasts, and the result has it too. :meth:`layout`
+    is the pointwise one (what ``oc.explain_shapes`` reads); the result is written one word at a
+    time, through :meth:`word_layout`."""
+
+    size: int
+
+    def constraints(self, result, operands, origin):
+        out = super().constraints(result, operands, origin)
+        for j, s in enumerate(operands):
+            words = Row((), RowVar("words"), (self.size,))
+            sides = (_sides(j, len(operands))[1], f"{self.size} words")
+            out.append(RowEq(s.output, words, origin, Where("output", -1, sides)))
+        return out
+
+    def word_layout(self, word: int, result: Shape, operands: list[Shape], solver: Solver) -> list[list[Term]]:
+        """The axis terms of the assignment writing word ``word`` of the result: the result's
+        word axis at ``word``; then each operand once per word, in order (operand 1's words 0 to
+        ``size - 1``, then operand 2's...), its word axis at that word."""
+        def at_word(terms: list[Term], position: int, k: int) -> list[Term]:
+            return terms[:position] + [At(k)] + terms[position + 1:]
+
+        def word_axis(s: Shape) -> int:
+            return len(s.batch.dims) + len(s.output.dims) - 1
+
+        res, *opnds = super().layout(result, operands, solver)
+        slots = [at_word(res, word_axis(result), word)]
+        for s, terms in zip(operands, opnds):
+            slots += [at_word(terms, word_axis(s), k) for k in range(self.size)]
+        return slots
+
+
+@dataclass
 class Compose(ShapeLogic):
     """``a @ b``: a's input axes contract with b's output axes (b's broadcast into a's); the
-    result has a's output axes, b's input axes and the broadcast of both batch rows (§1.5)."""
+    result has a's output axes, b's input axes and the broadcast of both batch rows."""
 
     def constraints(self, result, operands, origin):
         a, b = operands
@@ -107,7 +142,7 @@ class Compose(ShapeLogic):
 @dataclass
 class BatchSlice(ShapeLogic):
     """``xs[sym]``: the result is ``xs`` without its leftmost batch axis, read at the run-time
-    value of ``sym`` (§1.5 ``Batch_slice``)."""
+    value of ``sym``."""
 
     symbol: IndexSymbol
 
@@ -136,12 +171,12 @@ class BatchSlice(ShapeLogic):
 
 @dataclass
 class Einsum(ShapeLogic):
-    """Generalized einsum: every slot's rows *equal* its spec rows (no broadcasting, §2.4).
+    """Generalized einsum: every slot's rows *equal* its spec rows (no broadcasting).
 
     Spec labels become dim variables shared by every slot of this operation; row variables
     likewise. Fixed indices need the axis to be larger than the index; a result axis written at a
     fixed index closes to ``index + 1`` when nothing else sets it. Convolution terms relate the
-    operand axis to the output and kernel axes (§1.8)."""
+    operand axis to the output and kernel axes (docs/shapes.md, "Convolution terms")."""
 
     spec: es.EinsumSpec
     use_padding: bool | None = None
@@ -249,8 +284,8 @@ class Einsum(ShapeLogic):
         return Conv(label_loop(ax.parts[j]), 1, None, 1, sum(sizes[:j]), 0)
 
     def part_layout(self, j: int, result: Shape, operands: list[Shape], solver: Solver) -> list[list[Term]]:
-        """The slots (result, operand ``j``) of component ``j`` of a concatenation (spec §2.3
-        ``a^b``): the result's concatenated axis is written at component ``j``'s offset."""
+        """The slots (result, operand ``j``) of component ``j`` of a concatenation
+        (``a^b``): the result's concatenated axis is written at component ``j``'s offset."""
         self.active_part = j
         try:
             slots = self.layout(result, operands, solver)

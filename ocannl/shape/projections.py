@@ -13,7 +13,7 @@ lists of *axis terms*, one per axis in memory order (batch, output, input):
 
 :func:`derive_projections` turns such a layout into :class:`~ocannl.lowlevel.indexing.Projections`:
 one product-space loop per distinct key whose size is not 1, in order of first occurrence
-(result slot first), so a key absent from the result is a reduction (spec/frontend.md §1.9). A
+(result slot first), so a key absent from the result is a reduction (docs/shapes.md, "Projections"). A
 size-1 axis is the fixed index 0; a size-0 axis is a loop that runs no iteration, so a sum over it
 is 0 and a result with it has no cells (docs/semantics.md, "Numerics").
 """
@@ -64,8 +64,8 @@ def padding_left(kernel_size: int, dilation: int) -> int:
     """Left padding of a padded (``=+``) convolution: ``(span - 1) // 2`` with
     ``span = dilation*(kernel-1) + 1``, the centred "same" convolution of PyTorch for odd kernels.
 
-    The original pads by the undilated kernel size and one cell more than needed (spec §1.8,
-    marked suspect); we pad by what the dilated window needs, so the output size is exactly
+    The original pads by the undilated kernel size and one cell more than needed (which
+    looks unintended); we pad by what the dilated window needs, so the output size is exactly
     ``input / stride``. Reads falling in the margin see the operation's neutral element."""
     span = dilation * (kernel_size - 1) + 1
     return (span - 1) // 2
@@ -153,7 +153,7 @@ def identity_projections(dims: tuple[int, ...], operand_dims: list[tuple[int, ..
 def retarget(proj: Projections, lhs_slot: int, rhs_slots: list[int], debug: str = "") -> Projections:
     """The same loops with other slots as result and operands (slot 0 is the original result,
     slot ``j`` its ``j``-th operand): a gradient ``g1 =+ g * v2`` writes operand 1's slot and
-    reads the result's and operand 2's, over the forward op's product space (spec §3.2), so a
+    reads the result's and operand 2's, over the forward op's product space, so a
     reduction of the forward pass becomes a broadcast backward, and a broadcast a reduction."""
     indices = (proj.project_lhs, *proj.project_rhs)
     dims = (proj.lhs_dims, *proj.rhs_dims)

@@ -1,9 +1,9 @@
 """Shapes: three rows of dims (batch, input, output), with variables for what is not known yet.
 
-A :class:`Shape` has one :class:`Row` per axis kind (spec/frontend.md §1.1). The memory layout of a
+A :class:`Shape` has one :class:`Row` per axis kind (docs/shapes.md). The memory layout of a
 tensor is batch axes, then output axes, then input axes, row-major. A row is a tuple of dims, each
 an ``int`` or a :class:`DimVar`, and may be *open*: a :class:`RowVar` stands for any number of
-further axes between its left flank ``beg`` and its right flank ``end`` (§1.3). Variables are solved
+further axes between its left flank ``beg`` and its right flank ``end``. Variables are solved
 by ``solver.py``; a shape read before inference finishes shows ``?`` for an unknown dim and ``...``
 for an open row.
 """

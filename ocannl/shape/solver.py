@@ -1,11 +1,11 @@
-"""Global shape inference: constraint solving over dims and row variables (spec/frontend.md §1.4-1.7).
+"""Global shape inference: constraint solving over dims and row variables (docs/shapes.md).
 
 Every operation adds constraints between the rows of its result and its operands:
 
 * equations (einsum slots, batch slicing): the two rows are the same;
 * broadcasting inequalities ``res ⊑ opnd`` (pointwise ops, compose): the operand row broadcasts
   into the result row, numpy-style: rows align to the right, every size-1 dim broadcasts
-  (shared/DESIGN.md departs here from the original, which broadcasts only dims it created);
+  (a departure from the original, which broadcasts only the dims it created itself);
 * convolution and concatenation relations between dims, and lower bounds from fixed indices.
 
 Constraints are solved online, as operations are built, by a worklist: a constraint that cannot
@@ -113,7 +113,7 @@ class RowEq:
 @dataclass(eq=False)
 class RowIneq:
     """``res ⊑ opnd`` on rows: right-aligned broadcasting of the operand row into the result row;
-    an open operand's left flank aligns with the result's left edge (spec §1.4)."""
+    an open operand's left flank aligns with the result's left edge."""
 
     res: Row
     opnd: Row
@@ -166,7 +166,7 @@ class AtLeast:
 class BroadcastRank:
     """The result of broadcasting has exactly as many axes as its longest operand row, as in
     numpy: once every operand row is closed, an open result row closes to that length. (The
-    original lets results gain axes from later uses; shared/DESIGN.md makes broadcasting
+    original lets results gain axes from later uses; ocannl's broadcasting is
     numpy's, so a result never has more axes than its operands give it.)"""
 
     res: Row
@@ -577,8 +577,9 @@ class Solver:
     # -- finalization --------------------------------------------------------------------------
 
     def finalize(self) -> None:
-        """Close every variable of the epoch (spec §1.7), in stages, then make every tracked
-        shape concrete. Raises a ShapeError naming a parameter whose dims nothing determines."""
+        """Close every variable of the epoch in stages (docs/shapes.md, "Inference and
+        finalization"), then make every tracked shape concrete. Raises a ShapeError naming a
+        parameter whose dims nothing determines."""
         self.solve()
         # A parameter no operation uses yet has nothing to learn its dims from: it waits for the
         # next epoch instead of failing inference for everything else.
@@ -698,8 +699,8 @@ class Solver:
         for v, info in self._result_dims():
             if info.closes_to:
                 # Written at fixed index k, it closes to k+1, unless another use indexes it
-                # further: that use fixes it larger (DESIGN.md §4; the original closes an
-                # ``At_least_dim n`` without a GLB to n, spec §1.7 stage 7).
+                # further: that use fixes it larger (the original closes a dim that is only
+                # indexed at position n-1 to n, even where a use needs it larger).
                 n = max(info.closes_to, info.at_least)
                 self._decide_dim(v, n, f"written at fixed index {info.closes_to - 1}" if n == info.closes_to
                                  else f"indexed at position {n - 1}")
@@ -754,8 +755,8 @@ class Solver:
         """A parameter's output row still open here was learned from no use. The next stage
         closes result rows to no axes, which a parameter broadcasting into them would follow;
         that is a guess, so it is an error naming the parameter, as in the original, which checks
-        terminal rows (stage 4) before closing the remaining ones (stage 6) (spec §1.7, §10
-        item 13: ``{w} * [3;4;5]`` and ``{x} + {y}`` are errors)."""
+        terminal rows (stage 4) before closing the remaining ones (stage 6): ``{w} * [3;4;5]``
+        and ``{x} + {y}`` are errors."""
         for v, shape, kind in self._open_vars()[0]:
             param, pkind = self._row_param(v, shape, kind)
             if param is not None and pkind == "output":
@@ -839,7 +840,7 @@ def _unknown_param_output(param: str) -> ShapeError:
 
 def join_rows(rows: list[tuple[Dim, ...]]) -> tuple[Dim, ...]:
     """The most general row every one of ``rows`` accepts by broadcasting: right-aligned, as long
-    as the shortest, each dim kept where all agree and 1 where they differ (spec §1.4)."""
+    as the shortest, each dim kept where all agree and 1 where they differ."""
     n = min(len(r) for r in rows)
     out: list[Dim] = []
     for i in range(n):

@@ -60,7 +60,7 @@ from ocannl.lowlevel.ir import (
     seq,
 )
 from ocannl.lowlevel.lower import lower_routine
-from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
+from ocannl.lowlevel.scalar_ops import PRNG_OPS, Binop, Ternop, Unop
 from ocannl.lowlevel.tnode import TNode
 
 HAVE_CC = CBackend().available()[0]
@@ -162,8 +162,8 @@ def op_routine(dtype: DType, n: int = 64):
     """One store per operator into its own node: (routine, inputs, {op: output node})."""
     x, y, z, d = (TNode(name, (n,), dtype) for name in ("x", "y", "z", "d"))
     outputs, stmts = {}, []
-    unops = [op for op in Unop if op.arity == 1 and op not in (Unop.UNIFORM1, Unop.UINT4X32_OF)]
-    binops = [op for op in Binop if op is not Binop.THREEFRY4X32]
+    unops = [op for op in Unop if op not in PRNG_OPS]
+    binops = [op for op in Binop if op not in PRNG_OPS]
     for op in unops + binops + list(Ternop):
         if op.float_only and not dtype.is_float:
             continue

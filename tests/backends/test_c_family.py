@@ -23,7 +23,7 @@ from ocannl.backends.metal.syntax import MetalSyntax
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.dtypes import DType, DTypeError
 from ocannl.lowlevel.indexing import Fixed, Iter, Symbol
-from ocannl.lowlevel.ir import Binary, Cast, EmbedIndex, Load, LoadDynamic, RoutineIR, Store, Unary, loop, seq
+from ocannl.lowlevel.ir import Binary, Cast, Const, EmbedIndex, Load, LoadDynamic, RoutineIR, Store, Unary, loop, seq
 from ocannl.lowlevel.scalar_ops import Binop, Unop
 from ocannl.lowlevel.tnode import TNode
 
@@ -56,12 +56,18 @@ def every_helper_routine(dtype: DType, n: int = 8) -> RoutineIR:
 
 
 def prng_routine(dtype: DType, n: int = 8) -> RoutineIR:
-    """``out[i] := uniform1(threefry4x32(key[0], uint4x32_of(i)))``: every PRNG helper."""
+    """``out[i] := uniform1(threefry4x32(key[0], uint4x32_of(i)))`` and
+    ``words[i] := uint4x32_word(threefry4x32(uint4x32_pack(i, i), uint4x32_of(i)), 3)``: every
+    PRNG helper."""
     key, out = TNode("key", (1,), dtypes.uint4x32), TNode("out", (n,), dtype)
+    words = TNode("words", (n,), dtypes.uint32)
     i = Symbol()
     counter = Unary(Unop.UINT4X32_OF, EmbedIndex(Iter(i)))
     bits = Binary(Binop.THREEFRY4X32, Load(key, (Fixed(0),)), counter)
-    return RoutineIR(f"prng_{dtype.name}", loop(i, n, Store(out, (Iter(i),), Unary(Unop.UNIFORM1, bits, dtype))))
+    packed = Binary(Binop.UINT4X32_PACK, EmbedIndex(Iter(i), dtypes.int64), EmbedIndex(Iter(i), dtypes.int64))
+    word = Binary(Binop.UINT4X32_WORD, Binary(Binop.THREEFRY4X32, packed, counter), Const(3, dtypes.uint32))
+    body = seq(Store(out, (Iter(i),), Unary(Unop.UNIFORM1, bits, dtype)), Store(words, (Iter(i),), word))
+    return RoutineIR(f"prng_{dtype.name}", loop(i, n, body))
 
 
 def half_routine(dtype: DType, n: int = 8) -> RoutineIR:

@@ -1,7 +1,7 @@
 """The Triton backend (ocannl/backends/triton), run by Triton's CPU interpreter.
 
-Everything here runs with ``TRITON_INTERPRET=1`` on CPU torch tensors (spec/peers.md §3.1:
-programs run one after another, so shapes stay small), and every generated kernel the tests
+Everything here runs with ``TRITON_INTERPRET=1`` on CPU torch tensors (the
+interpreter runs a grid's programs one after another, so shapes stay small), and every generated kernel the tests
 interpret is also compiled for an H100 (sm_90) by Triton's compiler, which needs no GPU
 (``gpu_check.py``): the interpreter accepts code the compiler would reject. Nor does the
 interpreter catch out-of-bounds accesses, so the conformance runs carve buffers out of guard
@@ -36,6 +36,7 @@ from ocannl.backends.base import Context  # noqa: E402
 from ocannl.backends.triton import generate  # noqa: E402
 from ocannl.backends.triton.gpu_check import compile_for_gpu  # noqa: E402
 from ocannl.errors import BackendUnavailable, OutOfBoundsError  # noqa: E402
+from ocannl.lowlevel.scalar_ops import Binop, Unop  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::UserWarning")
 
@@ -86,9 +87,9 @@ GUARD = 4096
 @pytest.fixture
 def guard_zones(monkeypatch):
     """Buffers carved out of larger ones between guard zones of NaNs (integers: a sentinel),
-    checked after every run: Triton's interpreter does not catch an out-of-bounds access
-    (spec/peers.md §3.1), so a store past an edge shows as a changed guard, and a load past an
-    edge reads NaN into the results the kit compares."""
+    checked after every run: Triton's interpreter does not catch an out-of-bounds access, so a
+    store past an edge shows as a changed guard, and a load past an edge reads NaN into the
+    results the kit compares."""
     import torch
 
     from ocannl.backends.triton import runtime
@@ -394,6 +395,104 @@ def test_training_steps_compile_for_sm_90_without_spills():
     """Every kernel of the MLP step compiles with a launch's alignment and spills nothing
     (compile_for_gpu fails on a spill)."""
     assert compile_for_gpu([generate(routines_of(_mlp_784_1024_1024_10)[-1])])
+
+
+def _moons_step():
+    from examples import moons
+
+    _, _, update, sgd, _, _ = moons.build()
+    return [update, sgd]
+
+
+def _transformer_block_step():
+    """A transformer block (batch 8, sequence 16, d 32, 2 heads, MLP 64) trained with Adam: its
+    backward has the subtractions of softmax, layer norm and max (``c =- v``)."""
+    rng = np.random.default_rng(0)
+    x = oc.tensor(rng.standard_normal((8, 16, 32)).astype(np.float32), batch=2, label="x")
+    target = oc.tensor(rng.standard_normal((8, 16, 32)).astype(np.float32), batch=2, label="target")
+    norm1, norm2 = nn.layer_norm("ln1"), nn.layer_norm("ln2")
+    attention = nn.multi_head_attention(num_heads=2, d_k=16, d_model=32, label="mha")
+    w1, b1 = oc.param("ff_w1", output=64), oc.param("ff_b1", output=64, init=0.0)
+    w2, b2 = oc.param("ff_w2", output=32), oc.param("ff_b2", output=32, init=0.0)
+    h = x + attention(norm1(x))
+    y = h + (w2 @ oc.relu(w1 @ norm2(h) + b1) + b2)
+    diff = y - target
+    update = train.grad_update((diff * diff).mean(label="loss"))
+    return [update, train.adam_update(update, lr=1e-3)]
+
+
+@pytest.mark.parametrize("build", [_moons_step, _mlp_784_1024_1024_10, _transformer_block_step],
+                         ids=["moons", "mlp-784-1024-1024-10", "transformer-block"])
+def test_training_steps_run_no_serial_reduction_of_16_or_more_terms(build):
+    """Every reduction of 16 terms or more in these steps is a tree over tiles: the only loops a
+    program runs one iteration at a time are shorter (and chunk loops, ``range(0, n, BLOCK)``)."""
+    text = module_of(build).text
+    serial = [(name, int(n)) for name, n in re.findall(r"for (\w+) in range\((\d+)\)", text)]
+    assert [loop for loop in serial if loop[1] >= 16] == []
+    if build is _transformer_block_step:  # the subtractions are trees too
+        assert len(re.findall(r"(acc\w*) = \1 - tl\.sum\(", text)) >= 4
+
+
+def test_transformer_block_gradients_with_tiled_subtractions_match_the_interpreter():
+    """The gradients of the block (its softmax, layer norm and max backward subtract rows of 16 and
+    32 terms as trees) agree with the interpreter's loop order within the float tolerance."""
+    def build():
+        return _transformer_block_step()[:1]  # Adam would amplify a reordered 1e-9 into a step
+
+    assert testing.compare(build, ["triton"]) == []
+
+
+def _reduce_rows(op: Binop, dtype: str, terms: int, low: float, high: float):
+    """``acc[i] <op>= xs[i, k]`` over 5 rows of ``terms`` terms each, written as one accumulating
+    assignment (the form the frontend gives a gradient's ``=-``)."""
+    from ocannl.lowlevel.assignments import Accum, Block, Computation
+    from ocannl.lowlevel.indexing import Iter, Projections, Symbol
+
+    def build():
+        rng = np.random.default_rng(1)
+        if np.dtype(dtype).kind == "f":
+            start = rng.uniform(-1.0, 1.0, 5).astype(dtype)
+            xs = rng.uniform(low, high, (5, terms)).astype(dtype)
+        else:
+            start = rng.integers(-2**30, 2**30, 5).astype(dtype)
+            xs = rng.integers(low, high, (5, terms)).astype(dtype)
+        acc, x = oc.tensor(start, label="cells"), oc.tensor(xs, label="xs")
+        i, k = Symbol(), Symbol()
+        projections = Projections(product_space=(5, terms), product_iterators=(i, k), lhs_dims=acc.value.dims,
+                                  rhs_dims=(x.value.dims,), project_lhs=(Iter(i),),
+                                  project_rhs=((Iter(i), Iter(k)),))
+        write = Accum(acc.value, op, Unop.ID, (x.value,), lambda: projections, spec=".")
+        return [Computation("reduce", Block((write,)), (acc.initializer(), x.initializer()))]
+    return build
+
+
+@pytest.mark.parametrize(("op", "dtype", "terms", "low", "high", "tree"), [
+    pytest.param(Binop.SUB, "float32", 40, -1.0, 1.0, "acc = acc - tl.sum(", id="sub-float32"),
+    pytest.param(Binop.SUB, "float32", 3000, -1.0, 1.0, "y0 = -tl.sum(", id="sub-float32-chunks-kahan"),
+    pytest.param(Binop.SUB, "int32", 40, -2**30, 2**30, "acc = acc - tl.sum(", id="sub-int32-wraps"),
+    pytest.param(Binop.MUL, "float32", 40, 0.9, 1.1, "acc = acc * product(", id="mul-float32"),
+    pytest.param(Binop.MUL, "int32", 40, -2**30, 2**30, "acc = acc * product(", id="mul-int32-wraps"),
+    pytest.param(Binop.DIV, "float32", 40, 0.9, 1.1, "acc = tl.div_rn(acc, product(", id="div-float32"),
+    pytest.param(Binop.DIV, "float32", 3000, 0.999, 1.001, "acc = tl.div_rn(acc, product(", id="div-float32-chunks",
+                 marks=pytest.mark.slow),
+    pytest.param(Binop.DIV, "int32", 20, 1, 4, None, id="div-int32-in-loop-order"),
+])
+def test_accumulations_are_trees_where_they_regroup(op, dtype, terms, low, high, tree, guard_zones):
+    """``c =- v`` is ``c`` minus the sum of the terms, ``c =* v`` times their product, a float
+    ``c =/ v`` divided by their product: each a tree over the row's tile (integers bit for bit,
+    the loop wrapping as the tree does); an integer division truncates at every step and keeps
+    the loop."""
+    build = _reduce_rows(op, dtype, terms, low, high)
+    text = module_of(build).text
+    serial = re.findall(r"for \w+ in range\((\d+)\)", text)
+    if tree is None:
+        assert serial == [str(terms)]
+    else:
+        assert tree in text and serial == []
+    report = testing.conformance("triton", programs=[testing.Program(f"{op.value} {dtype}", build)],
+                                 random_programs=0)
+    assert report.ok and report.passed, report.summary()
+    check_on_gpu_compiler([build])
 
 
 def test_matmul_bias_relu_is_one_kernel():

@@ -1,6 +1,6 @@
 """The optimizer (ocannl/lowlevel/optimize.py): each pass alone on hand-built loop IR and on
 frontend programs, always checked against the interpreter running the routine before the pass,
-bit for bit (shared/DESIGN.md §3)."""
+bit for bit (docs/design.md, "Arithmetic")."""
 
 import math
 
@@ -122,7 +122,7 @@ def pointwise_chain():
 
 
 def matvec_then_square(reset_outside=False):
-    """``c[i] = sum_k a[i, k] * v[k]; d[i] = c[i] * c[i]`` (spec/backend.md §4.3); with
+    """``c[i] = sum_k a[i, k] * v[k]; d[i] = c[i] * c[i]`` (docs/compiler.md, "Optimization"); with
     ``reset_outside`` the reduction loop comes first and ``c`` is reset by a fill."""
     a, v, c, d = TNode("a", (3, 4)), TNode("v", (4,)), TNode("c", (3,)), TNode("d", (3,))
     i, k, j = Symbol(), Symbol(), Symbol()
@@ -471,7 +471,7 @@ def test_cse_computes_a_repeated_product_once():
 
 
 def test_cse_merges_alpha_equivalent_scopes_across_statements():
-    """Two outputs summing the same source (spec/backend.md §5.7): one sum, declared before the
+    """Two outputs summing the same source: one sum, declared before the
     first."""
     src, out1, out2 = TNode("src", (4,)), TNode("out1", ()), TNode("out2", ())
 
@@ -628,7 +628,7 @@ def test_frontend_constant_folding(monkeypatch):
 
 
 def test_frontend_matmul_squared_is_the_spec_example(monkeypatch, tmp_path):
-    """spec/backend.md §4.3: ``c = a @ b`` virtual, ``d = c * c``: one loop over d, the reduction
+    """``c = a @ b`` virtual, ``d = c * c``: one loop over d, the reduction
     computed once per cell into a local, no buffer for c."""
     a = oc.tensor(np.arange(12, dtype=np.float32).reshape(3, 4) / 7, input=1, label="a")
     b = oc.tensor(np.arange(4, dtype=np.float32) / 3, label="b")

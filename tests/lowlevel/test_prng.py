@@ -20,7 +20,7 @@ from ocannl.lowlevel.tnode import TNode
 U4 = dtypes.uint4x32
 RNG = np.random.default_rng(2024)
 
-# Random123's 20-round known answers (tests/kat_vectors): counter, key, expected.
+# Random123's 20-round known answers (its kat_vectors file): counter, key, expected.
 PI_COUNTER = (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344)
 PI_KEY = (0xA4093822, 0x299F31D0, 0x082EFA98, 0xEC4E6C89)
 KNOWN_ANSWERS_20 = [

@@ -11,7 +11,7 @@ from ocannl.lowlevel.prng_reference import (
     uniform_float64,
 )
 
-# Random123's known-answer vectors for threefry4x32, from the file tests/kat_vectors of the
+# Random123's known-answer vectors for threefry4x32, from the kat_vectors file of the
 # Random123 distribution (github.com/DEShawResearch/random123). Each line there reads
 # "threefry4x32 ROUNDS CTR0..3 KEY0..3 EXPECTED0..3" in hex; the third counter/key pair is the
 # hex expansion of pi.

@@ -182,3 +182,19 @@ def test_a_reset_inside_a_reduction_loop_runs_as_written_on_every_backend():
     np.testing.assert_allclose(results[0], expected, rtol=1e-5, atol=1e-4)
     for got in results[1:]:
         assert np.array_equal(got.view(np.uint32), results[0].view(np.uint32))
+
+
+def test_regrouping_says_how_each_accumulator_combines_its_terms():
+    """A subtraction is a sum of negated terms, a division a division by the terms' product;
+    integers regroup exactly (they wrap), floats up to rounding; integer division not at all."""
+    from ocannl.lowlevel.schedule import Regrouping, regrouping
+
+    for dtype in (dtypes.float32, dtypes.int32, dtypes.uint32):
+        exact = not dtype.is_float
+        assert regrouping(Binop.ADD, dtype) == regrouping(Binop.SUB, dtype) == Regrouping(Binop.ADD, exact)
+        assert regrouping(Binop.MUL, dtype) == Regrouping(Binop.MUL, exact)
+        assert regrouping(Binop.MAX, dtype) == Regrouping(Binop.MAX, True)
+        assert regrouping(Binop.MIN, dtype) == Regrouping(Binop.MIN, True)
+    assert regrouping(Binop.DIV, dtypes.float32) == Regrouping(Binop.MUL, False)
+    assert regrouping(Binop.DIV, dtypes.int32) is None
+    assert regrouping(Binop.POW, dtypes.float32) is None

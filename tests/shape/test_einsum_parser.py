@@ -1,4 +1,5 @@
-"""The einsum spec parser (spec/frontend.md §2.1-§2.3, §2.5, §10 item 9)."""
+"""The einsum spec parser (docs/shapes.md, "Einsum grammar"): modes, the grammar, its worked
+examples, errors."""
 
 from dataclasses import replace
 
@@ -68,7 +69,7 @@ def conv(over, stride=1, kernel=None, dilation=1, offset=0, use_padding=None):
 B, I, OUT = "batch", "input", "output"
 
 VALID = [
-    # single-char mode (§2.1): letters are axes, a digit run is one integer
+    # single-char mode: letters are axes, a digit run is one integer
     ("ij;jk=>ik", [O("i", "j"), O("j", "k")], O("i", "k"), False),
     ("ii=>i", [O("i", "i")], O("i"), False),
     ("i=>i0", [O("i")], O("i", 0), False),
@@ -87,7 +88,7 @@ VALID = [
     ("a..r..;..r..b=>ab", [O("a", var="r"), O(var="r", after=["b"])], O("a", "b"), False),
     ("...|..i.. -> ... => 0", [S(b=R(var=B), i=R(var="i"), o=R(var=OUT))], O(0), False),
     (" ... | ..d.. => ... | 0 ", [S(b=R(var=B), o=R(var="d"))], S(b=R(var=B), o=R(0)), False),
-    # the worked examples of §2.5
+    # worked examples, numbered as the test_exN tests of tests/test_einsum_values.py
     ("b|h->o; b|i->h => b|i->o", [S(R("b"), R("h"), R("o")), S(R("b"), R("i"), R("h"))],
      S(R("b"), R("i"), R("o")), False),  # 2
     ("b|i->o => o|b->i", [S(R("b"), R("i"), R("o"))], S(R("o"), R("b"), R("i")), False),  # 3
@@ -129,7 +130,7 @@ VALID = [
      S(R(var=B), R(var=I), R(var=OUT)), False),  # 17
     ("ab|cd->ef => cf|ae->db", [S(R("a", "b"), R("c", "d"), R("e", "f"))],
      S(R("c", "f"), R("a", "e"), R("d", "b")), False),  # 18
-    # multichar mode (§2.1): identifiers, commas, trailing commas
+    # multichar mode: identifiers, commas, trailing commas
     ("a,b,c => c", [O("a", "b", "c")], O("c"), True),
     ("a, b, => a", [O("a", "b")], O("a"), True),
     ("a, b, | c, -> d, => a,", [S(R("a", "b"), R("c"), R("d"))], O("a"), True),
@@ -143,7 +144,7 @@ VALID = [
     ("x, ..rest.. | ... => ..rest..", [S(b=R("x", var="rest"), o=R(var=OUT))], O(var="rest"), True),
     ("..., a | b, ... -> ..., c => a,", [S(R(var=B, after=["a"]), R("b", var=I), R(var=OUT, after=["c"]))],
      O("a"), True),
-    # convolution and strided terms (§2.2)
+    # convolution and strided terms
     ("2*oh<+kh => oh", [O(conv("oh", 2, "kh", use_padding=False))], O("oh"), True),
     ("2*oh <+ kh => oh", [O(conv("oh", 2, "kh", use_padding=False))], O("oh"), True),
     ("2*oh< + kh=>oh", [O(conv("oh", 2, "kh", use_padding=False))], O("oh"), True),
@@ -217,7 +218,7 @@ def test_digit_runs_are_one_integer_at_their_first_digit():
         Label("i", 0), FixedIndex(12, 1), Label("j", 3))
 
 
-# --- Mode detection (§2.1, §10 item 9) and single shape specs ------------------------------------
+# --- Mode detection and single shape specs -------------------------------------------------------
 
 
 @pytest.mark.parametrize("spec", ["abc", "a|b->c", "...a..b", "ij;jk=>ik", "b|i->o => o|b->i", ""])

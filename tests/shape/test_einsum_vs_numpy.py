@@ -1,4 +1,4 @@
-"""Einsum shape inference against ``numpy.einsum`` on random specs (spec/frontend.md §2.3-2.4).
+"""Einsum shape inference against ``numpy.einsum`` on random specs (docs/shapes.md, "Einsum grammar").
 
 Random valid specs of one or two operands with single-character labels, a random size (1-4) per
 label, and a result made of some of the labels in any order. The spec is translated to numpy's

@@ -1,4 +1,4 @@
-"""Shape errors as the user sees them (spec/frontend.md §1.10, DESIGN.md §3): every kind of error,
+"""Shape errors as the user sees them: every kind of error,
 with what its message must contain: the op, its label, where it was built, the shapes involved,
 the axis and, for einsum, the spec with a caret under the offending token."""
 
@@ -146,7 +146,7 @@ def test_one_operand_op_given_a_two_operand_spec():
 
 
 def test_param_output_nothing_determines():
-    """spec §10 item 13: `{w} * [3;4;5]` is an error (the original says "You forgot to specify
+    """`w @ [3, 4, 5]` alone is an error (the original says "You forgot to specify
     the hidden dimension(s)"); ocannl names the parameter and the fix."""
     w = oc.param("w")
     y = w @ T(output=[3])
@@ -157,7 +157,7 @@ def test_param_output_nothing_determines():
 
 
 def test_two_params_added_nothing_determines():
-    """spec §10 item 13: `{x} + {y}`."""
+    """`x + y` of two parameters nothing else determines."""
     s = oc.param("x") + oc.param("y")
     with pytest.raises(ShapeError, match=r"parameter 'x'.*specify output=\.\.\."):
         s.dims

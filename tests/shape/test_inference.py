@@ -1,4 +1,4 @@
-"""Shape inference through the public API (shared/DESIGN.md §3-4, spec/frontend.md §1, §2.5, §10).
+"""Shape inference through the public API (docs/shapes.md), with its worked examples.
 
 Every case asserts the inferred rows of the result and of the parameters involved. Tensors are
 built from numpy arrays of zeros: only their shapes matter here.
@@ -29,7 +29,7 @@ def check(t, batch=(), output=(), input=()):
 
 
 # ---------------------------------------------------------------------------------------------
-# Compose (`@`): a's input axes contract with b's output axes (DESIGN.md §3).
+# Compose (`@`): a's input axes contract with b's output axes.
 
 
 def test_dense_layer_with_explicit_weight():
@@ -98,7 +98,7 @@ def test_multi_axis_output_weight():
 
 
 def test_param_learns_output_and_input_from_use():
-    """spec §10 item 13: `[1;2] + ({w} * [3;4;5])` infers w as `3->2`."""
+    """`[1, 2] + (w @ [3, 4, 5])` infers w as input [3], output [2]."""
     w = oc.param("w")
     y = T(output=[2]) + (w @ T(output=[3]))
     check(y, output=[2])
@@ -125,7 +125,7 @@ def test_param_used_twice_same_dims():
 
 
 def test_moons_mlp_last_weight_output_learned_from_labels():
-    """The moons demo (DESIGN.md §4): a 2-16-16-1 MLP; `w_out`'s output comes from the labels."""
+    """The moons demo: a 2-16-16-1 MLP; `w_out`'s output comes from the labels."""
     x = T(batch=[10], output=[2])
     y = T(batch=[10], output=[1])
     mlp = nn.mlp(hid_dims=(16, 16), label="mlp")
@@ -143,7 +143,7 @@ def test_moons_mlp_last_weight_output_learned_from_labels():
 
 
 # ---------------------------------------------------------------------------------------------
-# Pointwise broadcasting: numpy-style, per kind, rows right-aligned (DESIGN.md §3).
+# Pointwise broadcasting: numpy-style, per kind, rows right-aligned.
 
 
 def test_size_one_dims_broadcast_both_ways():
@@ -170,7 +170,7 @@ def test_batch_rows_broadcast_independently_of_output():
 
 
 def test_explicit_param_size_one_broadcasts():
-    """A user-given 1 broadcasts too (a departure from the original, DESIGN.md §3)."""
+    """A user-given 1 broadcasts too (a departure from the original)."""
     x = T(batch=[4], output=[16])
     s = oc.param("s", output=1)
     check(x * s, batch=[4], output=[16])
@@ -195,7 +195,7 @@ def test_param_used_twice_with_the_same_size_keeps_it():
 
 
 def test_param_used_with_two_sizes_becomes_one():
-    """spec §1.4: uses that disagree (3 vs 5) make the dim 1, which broadcasts into both."""
+    """Uses that disagree (3 vs 5) make the dim 1, which broadcasts into both."""
     p = oc.param("p")
     a = p + T(output=[2, 3])
     b = p + T(output=[4, 3])
@@ -226,7 +226,7 @@ def test_comparisons_where_and_unary_functions():
 
 
 # ---------------------------------------------------------------------------------------------
-# Row variables (spec §2.3).
+# Row variables.
 
 
 def test_row_variable_at_start_of_row():
@@ -259,7 +259,7 @@ def test_row_variable_moves_axes_across_kinds():
 
 
 def test_row_variable_shared_between_operands():
-    """spec §10 item 7: row capture on `[2,3,4]` / `[3,4,5]` gives product 12."""
+    """Capturing `..r..` of `a..r..;..r..b=>ab` on `[2,3,4]` / `[3,4,5]` gives the product 12."""
     r = oc.einsum("a..r..;..r..b=>ab", T(output=[2, 3, 4]), T(output=[3, 4, 5]), capture=["r"])
     check(r, output=[2, 5])
     assert r.captured["r"].size == 12
@@ -273,7 +273,7 @@ def test_row_variables_in_every_kind():
 
 
 # ---------------------------------------------------------------------------------------------
-# Fixed indices (spec §2.3, DESIGN.md §4).
+# Fixed indices.
 
 
 def test_sum_to_fixed_index_zero_gives_one_axis():
@@ -311,7 +311,7 @@ def test_fixed_index_result_of_size_one_broadcasts_later():
 
 
 def test_operand_fixed_index_with_row_variables():
-    """spec §2.5 #6 / §10 item 2."""
+    """`...|i->1; ...|...->i => ...|i` on `3|4->2` and `3|1->4` gives `3|->4`."""
     a = T(batch=[3], output=[2], input=[4])
     b = T(batch=[3], output=[4], input=[1])
     check(oc.einsum("...|i->1; ...|...->i => ...|i", a, b), batch=[3], output=[4])
@@ -326,19 +326,19 @@ def test_operand_fixed_index_sets_size_of_unknown_axis():
 
 
 def test_fixed_leftmost_batch_index():
-    """spec §2.5 #17: a static slice of the leftmost batch axis."""
+    """`2...|...->... => ...|...->...`: a static slice of the leftmost batch axis."""
     x = T(batch=[5, 3], output=[2], input=[4])
     check(oc.einsum("2...|...->... => ...|...->...", x), batch=[3], output=[2], input=[4])
 
 
 def test_global_sum_pool_fixed_indices():
-    """spec §2.5 #16."""
+    """`... | h, w, ..c.. => ... | 0, 0, ..c..`: a global sum pool to `[1, 1, C]`."""
     x = T(batch=[2], output=[4, 4, 3])
     check(oc.einsum("... | h, w, ..c.. => ... | 0, 0, ..c..", x), batch=[2], output=[1, 1, 3])
 
 
 # ---------------------------------------------------------------------------------------------
-# Convolutions (spec §1.8, §2.5 #11-13, §10 items 10-12).
+# Convolutions (docs/shapes.md, "Convolution terms").
 
 CONV2D = "... | 1*oh=+kh, 1*ow=+kw, ..ic..; kh, kw, ..ic.. -> ..oc.. => ... | oh, ow, ..oc.."
 
@@ -380,7 +380,7 @@ def test_conv_kernel_channels_learned_from_input():
 
 
 def test_max_pool2d():
-    """spec §2.5 #13, §10 item 10: stride 2 window 2 on 4x4x1; stride 2 window 3 on 7x7x2."""
+    """Max pooling: stride 2 window 2 on 4x4x1; stride 2 window 3 on 7x7x2."""
     spec = "... | 2*oh<+wh, 2*ow<+ww, ..c..; wh, ww => ... | oh, ow, ..c.."
     check(oc.tropical(spec, T(output=[4, 4, 1]), T(output=[2, 2])), output=[2, 2, 1])
     check(oc.tropical(spec, T(batch=[3], output=[7, 7, 2]), T(output=[3, 3])),
@@ -409,7 +409,7 @@ def test_pure_stride_axis():
 
 
 def test_batch_slice_then_padded_conv():
-    """spec §10 item 12: images rebatched [2, 4], sliced by batch_n, then a padded conv2d."""
+    """Images rebatched [2, 4], sliced by batch_n, then a padded conv2d."""
     images = T(batch=[2, 4], output=[3, 3, 1])
     batch_n = oc.IndexSymbol("batch_n", 2)
     k = oc.param("k", output=4, input=(3, 3, 1))
@@ -439,7 +439,7 @@ def test_batch_slice_symbol_without_size_takes_it_from_the_tensor():
 
 
 # ---------------------------------------------------------------------------------------------
-# The worked examples of spec §2.5.
+# The worked examples of docs/shapes.md.
 
 
 def test_matmul_einsum():
@@ -448,7 +448,8 @@ def test_matmul_einsum():
 
 
 def test_batched_matmul_einsum_and_batch_variants():
-    """#2 and §10 item 3."""
+    """The batched matrix product `b|h->o; b|i->h => b|i->o`, and variants reducing or
+    combining the batch axes."""
     b = T(batch=[2], output=[5], input=[4])
     a = T(batch=[2], output=[4], input=[3])
     check(oc.einsum("b|h->o; b|i->h => b|i->o", b, a), batch=[2], output=[5], input=[3])
@@ -478,7 +479,7 @@ def test_reduction_over_output_axis():
 
 
 def test_full_reductions():
-    """#5 and the reductions of DESIGN.md §4."""
+    """`...|...->... => 0` sums everything into output [1]; `t.sum()` and friends give dims ()."""
     x = T(batch=[2], output=[3], input=[4])
     check(oc.einsum("...|...->... => 0", x), output=[1])
     check(x.sum())
@@ -524,11 +525,11 @@ def test_attention_with_param_projections():
 
 
 # ---------------------------------------------------------------------------------------------
-# Captures (spec §2.6).
+# Captures.
 
 
 def test_capture_labels():
-    """§10 item 7."""
+    """Capturing `a`, `b`, `c` of `ab;bc=>ac` on [2, 3] and [3, 4]."""
     r = oc.einsum("ab;bc=>ac", T(output=[2, 3]), T(output=[3, 4]), capture=["a", "b", "c"])
     check(r, output=[2, 4])
     assert [r.captured[n].size for n in "abc"] == [2, 3, 4]
@@ -548,7 +549,7 @@ def test_capture_of_label_learned_later():
 
 
 # ---------------------------------------------------------------------------------------------
-# Reading shapes before finalization (DESIGN.md §3: `t.shape` never applies defaults).
+# Reading shapes before finalization (`t.shape` never applies defaults).
 
 
 def test_reading_param_shape_does_not_force_defaults():

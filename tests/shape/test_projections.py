@@ -1,4 +1,4 @@
-"""Projections: the loops of one operation and how each axis is indexed (spec/frontend.md §1.9).
+"""Projections: the loops of one operation and how each axis is indexed (docs/shapes.md, "Projections").
 
 Projections are compared in a normalized form: the product-space loops are named ``L0, L1, ...``
 in product-space order, an index symbol by its name, a fixed index by its int, and an affine index
@@ -50,7 +50,7 @@ def test_compose_matmul_reduces_over_the_contracted_axis():
 
 
 def test_einsum_matmul():
-    """spec §2.5 #1: `for i,k,j: c[i,k] += a[i,j]*b[j,k]`."""
+    """`ij;jk=>ik`: `for i,k,j: c[i,k] += a[i,j]*b[j,k]`."""
     c = oc.einsum("ij;jk=>ik", T(output=[2, 3]), T(output=[3, 4]))
     space, lhs, rhs = normalized(c)
     assert space == (2, 4, 3)
@@ -118,7 +118,7 @@ def test_valid_conv_with_stride_has_no_offset():
 
 
 def test_padded_conv_with_dilation_pads_by_half_the_dilated_span():
-    """DESIGN.md departure: left pad = (dilation*(k-1))//2 = 2 for dilation 2, kernel 3."""
+    """Unlike the original: left pad = (dilation*(k-1))//2 = 2 for dilation 2, kernel 3."""
     y = oc.einsum("1*o=+2*k; k => o", T(output=[5]), T(output=[3]))
     assert normalized(y)[2] == (((((1, "L0"), (2, "L1")), -2),), ("L1",))
 
@@ -131,7 +131,7 @@ def test_strided_axis_with_offset():
 
 
 def test_conv2d_padded_same_size():
-    """spec §2.5 #11 (with this port's padding): `x[b, oh+kh-1, ow+kw-1, ic] * k[oc, kh, kw, ic]`."""
+    """A padded 3x3 conv2d: `x[b, oh+kh-1, ow+kw-1, ic] * k[oc, kh, kw, ic]`."""
     spec = "... | 1*oh=+kh, 1*ow=+kw, ..ic..; kh, kw, ..ic.. -> ..oc.. => ... | oh, ow, ..oc.."
     y = oc.einsum(spec, T(batch=[2], output=[5, 5, 1]), oc.param("k", output=4, input=(3, 3, 1)))
     space, lhs, rhs = normalized(y)
@@ -153,7 +153,7 @@ def test_result_fixed_index():
 
 
 def test_operand_fixed_index():
-    """spec §2.5 #6: `c[b,i] += a[b,1,i]*b[b,i,k]` with k of size 1."""
+    """`...|i->1; ...|...->i => ...|i`: `c[b,i] += a[b,1,i]*b[b,i,k]` with k of size 1."""
     a = T(batch=[3], output=[2], input=[4])
     b = T(batch=[3], output=[4], input=[1])
     c = oc.einsum("...|i->1; ...|...->i => ...|i", a, b)
@@ -184,7 +184,7 @@ def test_diagonal_uses_one_loop_twice():
 
 
 def test_permutation_across_kinds():
-    """spec §2.5 #3: `r[o,i,b] = hey[b,o,i]` (memory order batch, output, input)."""
+    """`b|i->o => o|b->i`: `r[o,i,b] = hey[b,o,i]` (memory order batch, output, input)."""
     hey = T(batch=[2], output=[4], input=[3])
     r = oc.einsum("b|i->o => o|b->i", hey)
     space, lhs, rhs = normalized(r)
@@ -205,7 +205,7 @@ def test_batch_slice_reads_the_index_symbol():
 
 
 def test_attention_scores_reduce_over_d():
-    """spec §2.5 #9: `s[..., s, h, t] += q[..., s, h, d] * k[..., t, h, d]`."""
+    """Attention scores: `s[..., s, h, t] += q[..., s, h, d] * k[..., t, h, d]`."""
     q = T(batch=[2, 5], output=[4, 8])
     k = T(batch=[2, 6], output=[4, 8])
     s = oc.einsum("... s | h d; ... t | h d => ... s | t -> h", q, k)
@@ -216,7 +216,7 @@ def test_attention_scores_reduce_over_d():
 
 
 def test_same_tensor_indexed_two_ways():
-    """spec §1.9: `a +* "ij;ji=>ij" a` indexes the two uses of `a` differently."""
+    """`einsum("ij;ji=>ij", a, a)` indexes the two uses of `a` differently."""
     a = T(output=[3, 3])
     r = oc.einsum("ij;ji=>ij", a, a)
     assert normalized(r)[2] == (("L0", "L1"), ("L1", "L0"))

@@ -1,6 +1,6 @@
 """A routine as one C source file: includes, the builtins it uses, helper functions for its
 register-tiled contractions and its loop nests, a function named after the routine
-(spec/backend.md §7.1, §7.3) and its exported entry point::
+and its exported entry point::
 
     static int compose_fwd(
         const float *restrict a,

@@ -68,6 +68,7 @@ class CSyntax(CFamilySyntax):
     )
     local_constant = "static const"
     lanes = ("v[0]", "v[1]", "v[2]", "v[3]")
+    lane_subscript = ".v[{}]"
     status_param = "int *status"
     store_status = "__atomic_store_n(status, site, __ATOMIC_RELAXED)"
 

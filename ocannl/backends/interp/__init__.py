@@ -1,5 +1,5 @@
 """The ``interp`` backend: the loop IR run by a Python interpreter over numpy buffers; the
-reference every other backend is compared to (shared/DESIGN.md §5)."""
+reference every other backend is compared to (docs/interpreter.md)."""
 
 from ocannl.backends.interp.interpreter import InterpBackend, InterpExecutable
 

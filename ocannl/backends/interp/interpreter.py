@@ -38,7 +38,8 @@ from ocannl.lowlevel.ir import (
     format_stmt,
 )
 from ocannl.lowlevel.prng_reference import DEFAULT_ROUNDS, KEY_SCHEDULE_PARITY, ROTATIONS
-from ocannl.lowlevel.op_semantics import scalar_binary, scalar_fma, scalar_unary
+from ocannl.lowlevel.op_semantics import (scalar_binary, scalar_fma, scalar_uint4x32_pack, scalar_uint4x32_word,
+                                         scalar_unary)
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
 from ocannl.lowlevel.tnode import TNode
 
@@ -253,6 +254,12 @@ class _Compiler:
             case Binary(op=Binop.THREEFRY4X32, a=a, b=b):
                 key, counter = self.expr(a), self.expr(b)
                 return lambda: _threefry4x32(key(), counter())
+            case Binary(op=Binop.UINT4X32_PACK, a=a, b=b):
+                lo, hi = self.expr(a), self.expr(b)
+                return lambda: scalar_uint4x32_pack(lo(), hi())
+            case Binary(op=Binop.UINT4X32_WORD, a=a, b=Const(value=lane)):
+                x = self.expr(a)
+                return lambda: scalar_uint4x32_word(x(), lane)
             case Binary(op=op, a=a, b=b):
                 f, left, right = scalar_binary(op, e.dtype), self.expr(a), self.expr(b)
                 return lambda: f(left(), right())

@@ -57,7 +57,8 @@ from ocannl.lowlevel.ir import (
     LocalScope, RoutineIR, Seq, SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary, iter_exprs, iter_stmts,
     stmt_exprs,
 )
-from ocannl.lowlevel.op_semantics import array_binary, array_fma, array_unary
+from ocannl.lowlevel.op_semantics import (array_binary, array_fma, array_uint4x32_pack, array_uint4x32_word,
+                                         array_unary)
 from ocannl.lowlevel.prng_reference import threefry4x32
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
 from ocannl.lowlevel.tnode import TNode
@@ -532,6 +533,12 @@ class _Vectorizer:
             case Binary(op=Binop.THREEFRY4X32, a=a, b=b):
                 key, counter = self.expr(a, grid), self.expr(b, grid)
                 return lambda: _threefry4x32(key(), counter())
+            case Binary(op=Binop.UINT4X32_PACK, a=a, b=b):
+                lo, hi = self.expr(a, grid), self.expr(b, grid)
+                return lambda: array_uint4x32_pack(lo(), hi())
+            case Binary(op=Binop.UINT4X32_WORD, a=a, b=Const(value=lane)):
+                x = self.expr(a, grid)
+                return lambda: array_uint4x32_word(x(), lane)
             case Binary(op=op, a=a, b=b):
                 if op in (Binop.DIV, Binop.MOD) and not e.dtype.is_float:
                     self.may_fault = True

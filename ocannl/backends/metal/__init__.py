@@ -2,7 +2,7 @@
 the shared walk of ``ocannl/backends/codegen.py`` and the MSL table of syntax.py), and, without a
 Mac, those kernels compiled as C++20 against a shim header (``shim/metal_shim.hpp``) and run over
 their grids on the CPU with real threadgroup barriers (harness.py, ``shim/launcher.cpp``). See
-shared/DESIGN.md §5, spec/backend.md §7.5 and spec/peers.md §4.
+docs/codegen.md, "Metal".
 """
 
 from ocannl.backends.metal.backend import MetalBackend, MetalExecutable

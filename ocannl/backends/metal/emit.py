@@ -1,5 +1,5 @@
-"""The MSL emitter: a routine's optimized loop IR as Metal compute kernels (shared/DESIGN.md §5,
-spec/backend.md §7.5).
+"""The MSL emitter: a routine's optimized loop IR as Metal compute kernels
+(docs/codegen.md, "Metal").
 
 **Kernels.** The routine body is cut into kernels by the partitioner the Triton backend uses
 (``ocannl/backends/partition.py``): a kernel runs a run of top-level statements over one
@@ -38,7 +38,7 @@ struct with an argument encoder or the buffers' GPU addresses). The kernel's fir
 the members into locals of the usual names, so its body is printed as for any kernel. One
 kernel can then run any number of statements, and the statements of a grid point stay together.
 
-**Checked before printing** (spec/peers.md §4.3): no float64 anywhere (MSL has no ``double``: a
+**Checked before printing**: no float64 anywhere (MSL has no ``double``: a
 :class:`~ocannl.lowlevel.dtypes.DTypeError` naming the tensor), at most
 :data:`MAX_ARGUMENT_BUFFER_ENTRIES` arguments in an argument buffer, at most 1024 threads per
 threadgroup and 32 KiB of threadgroup memory.

@@ -1,5 +1,5 @@
 """Running emitted MSL on the CPU: the C++ translation unit, the compiler, the kernel cache, and
-the sanitizer builds (shared/spec/peers.md §4.2-4.3).
+the sanitizer builds (docs/codegen.md, "Metal").
 
 **The translation unit** of a routine is its ``.metal`` text, unchanged, compiled as C++20 with
 ``shim/`` on the include path (so ``#include <metal_stdlib>`` is ``shim/metal_shim.hpp``),

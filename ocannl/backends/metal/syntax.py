@@ -64,6 +64,7 @@ class MetalSyntax(CFamilySyntax):
     """MSL declares its Threefry generator as it declares every other helper."""
     local_constant = "const"
     lanes = ("x", "y", "z", "w")
+    lane_subscript = "[{}]"
     status_param = "device atomic_int* status"
     store_status = "atomic_store_explicit(status, site, memory_order_relaxed)"
 

@@ -1,5 +1,5 @@
 """The ``triton`` backend: the optimized loop IR partitioned into tiled Triton kernels over torch
-tensors (shared/DESIGN.md §5).
+tensors (docs/codegen.md, "Triton").
 
 * ``ocannl/backends/partition.py`` (shared with Metal) cuts a routine into kernels (which loops
   run as grid axes, which statements share a kernel, which nests are contractions for ``tl.dot``);

@@ -47,6 +47,19 @@ def pow(a, b):  # noqa: A001 - the catalog's name
 
 
 @triton.jit
+def _multiply(a, b):
+    return a * b
+
+
+@triton.jit
+def product(x, axis: tl.constexpr, keep_dims: tl.constexpr = False):
+    """The product of ``x`` along ``axis`` (a tree, as ``tl.sum`` adds): Triton has a reduction
+    for sums, maxima and minima only. Integer products wrap, so any order gives the same bits;
+    float products agree with the loop's order up to rounding."""
+    return tl.reduce(x, axis, _multiply, keep_dims=keep_dims)
+
+
+@triton.jit
 def _rotl(x, r: tl.constexpr):
     return (x << r) | (x >> (32 - r))
 
@@ -98,6 +111,15 @@ def uint4x32_of(x):
     lo = v.to(tl.uint32)
     hi = (v >> 32).to(tl.uint32)
     return lo, hi, lo * 0, lo * 0
+
+
+@triton.jit
+def uint4x32_pack(lo, hi):
+    """Two int64 halves as a uint4x32 value: the 64-bit two's complement of ``lo`` in lanes 0
+    (low) and 1, of ``hi`` in lanes 2 and 3."""
+    a = lo.to(tl.int64)
+    b = hi.to(tl.int64)
+    return a.to(tl.uint32), (a >> 32).to(tl.uint32), b.to(tl.uint32), (b >> 32).to(tl.uint32)
 
 
 @triton.jit

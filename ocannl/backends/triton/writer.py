@@ -10,10 +10,13 @@ program, masked by ``xmask`` at the ragged end) and recovers each axis by ``//``
 * a chain of inner loops over which the body is pointwise (every store indexes each of them) is
   a *stage*: its points are flattened into ``rindex`` (``RBLOCK`` a chunk, looped over unless
   one chunk holds them all) and computed as ``[XBLOCK, RBLOCK]`` tiles;
-* a chain of loops accumulating one cell (``c[I] := c[I] + v``, ``max``, ``min``, or a local)
-  is a reduction stage: ``tl.sum``/``tl.max``/``tl.min`` over the ``rindex`` tile, added to the
-  cell's value. Half-precision accumulators round on every store (shared/DESIGN.md §3), so they
-  take the sequential path below instead;
+* a chain of loops accumulating one cell or a local (``c[I] := c[I] op v``) is a reduction
+  stage when its operator may be regrouped (``schedule.regrouping``): the terms of each
+  ``rindex`` tile are combined by ``tl.sum``, ``tl.max``, ``tl.min`` or ``tlib.product`` and the
+  result applied to the cell's value with ``op`` (a subtraction subtracts the sum of its terms,
+  a float division divides by their product). Integer divisions, float sums of fewer than
+  :data:`SHORT_SUM` terms and half-precision accumulators, which round on every store, take the
+  sequential path below instead;
 * any other loop runs sequentially inside the program (``for s0 in range(n)``).
 
 A *dot* kernel tiles a contraction's rows and columns (``rm``, ``rn``), loops over the reduction
@@ -67,7 +70,7 @@ from ocannl.lowlevel.ir import (
 )
 from ocannl.lowlevel.identifiers import Namespace, comment_text
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
-from ocannl.lowlevel.schedule import update_of
+from ocannl.lowlevel.schedule import regrouping, update_of
 from ocannl.lowlevel.tnode import TNode
 
 from ocannl.backends.triton import tiling
@@ -472,9 +475,10 @@ class KernelWriter:
         if found is not None:
             op, target, value = found
             total = math.prod(tuple(loop.extent for loop in chain))
+            dtype = _accumulator_type(target)
             tiled = (self.kernel.tiling == "flat" and "r" not in region.axes and self.rblock is not None
-                     and op in (Binop.ADD, Binop.MAX, Binop.MIN) and _accumulator_type(target) in _EXACT_ACCUMULATORS
-                     and (op is not Binop.ADD or total >= SHORT_SUM))
+                     and regrouping(op, dtype) is not None and dtype in _EXACT_ACCUMULATORS
+                     and (op in (Binop.MAX, Binop.MIN) or total >= SHORT_SUM))
             if tiled:
                 self.reduction_stage(chain, op, target, value, region)
             else:
@@ -655,11 +659,14 @@ class KernelWriter:
 
     def reduction_stage(self, chain: list[For], op: Binop, target: Store | SetLocal, value: Expr,
                         region: Region) -> None:
-        """The loops' points as ``rindex`` tiles, reduced by ``tl.sum``/``tl.max``/``tl.min``
-        and combined with the accumulator (a sum's order differs from the loop's)."""
+        """The loops' points as ``rindex`` tiles, each tile's terms combined by the operator of
+        ``op``'s :class:`~ocannl.lowlevel.schedule.Regrouping` (``tl.sum``, ``tl.max``,
+        ``tl.min``, ``tlib.product``) and applied to the accumulator with ``op`` (a sum's or a
+        product's order differs from the loop's)."""
+        combine = regrouping(op, _accumulator_type(target)).combine
         acc = self.accumulator(target, region)
         extents = tuple(loop.extent for loop in chain)
-        compensated = op is Binop.ADD and value.dtype.is_float and math.prod(extents) > self.rblock
+        compensated = combine is Binop.ADD and value.dtype.is_float and math.prod(extents) > self.rblock
         if compensated:  # the chunk sums are added with Kahan's compensation (see below)
             carry = self.names.word("carry")
             self.line(f"{carry} = tl.zeros_like({acc})")
@@ -670,30 +677,37 @@ class KernelWriter:
             inner.canon[loop.symbol] = ("inner", extents, t) if not looped else ("chunk", loop.symbol)
         v = self.expr(value, inner)
         dtype = value.dtype
-        neutral = {Binop.ADD: 0, Binop.MAX: dtypes.lowest(dtype), Binop.MIN: dtypes.highest(dtype)}[op]
+        neutral = {Binop.ADD: 0, Binop.MUL: 1,
+                   Binop.MAX: dtypes.lowest(dtype), Binop.MIN: dtypes.highest(dtype)}[combine]
         tile = self.arithmetic.tensor(v)
         if "r" in inner.masks:  # lanes past the ragged end add nothing
             tile = f"tl.where({inner.masks['r']}, {tile}, {literal_code(neutral, dtype)})"
         elif "r" not in v.axes:
             tile = f"tl.broadcast_to({tile}, {inner.shape})"
         axis = "axis=1, keep_dims=True" if region.axes else "axis=0"
-        fn = {Binop.ADD: "tl.sum", Binop.MAX: "tl.max", Binop.MIN: "tl.min"}[op]
+        if combine is Binop.MUL:
+            self.helpers.add("product")
+        fn = {Binop.ADD: "tl.sum", Binop.MUL: "product", Binop.MAX: "tl.max", Binop.MIN: "tl.min"}[combine]
         reduced = f"{fn}({tile}, {axis})"
         if compensated:
             # Each chunk is a tl.sum tree; adding the chunk sums one after the other would lose
             # their low bits once the total is large (1.5e-5 relative on 2^20 equal float32
             # terms). Kahan's compensation carries the rounding error of each addition into the
             # next, so the sum stays as accurate as one tree; the carry is dropped once the total
-            # is not finite, where it would turn an infinity into a NaN.
+            # is not finite, where it would turn an infinity into a NaN. A subtraction adds the
+            # negated chunk sums (negation is exact).
             y, total = self.names.numbered("y"), self.names.numbered("t")
-            self.line(f"{y} = {reduced} - {carry}")
+            self.line(f"{y} = {'-' if op is Binop.SUB else ''}{reduced} - {carry}")
             self.line(f"{total} = {acc} + {y}")
             self.line(f"{carry} = tl.where(tl.abs({total}) < float('inf'), ({total} - {acc}) - {y}, 0.0)")
             self.line(f"{acc} = {total}")
-        elif op is Binop.ADD:
-            self.line(f"{acc} = {acc} + {reduced}")
-        else:
+        elif op in (Binop.MAX, Binop.MIN):
             self.line(f"{acc} = {'tl.maximum' if op is Binop.MAX else 'tl.minimum'}({acc}, {reduced})")
+        elif op is Binop.DIV:
+            quotient = self.arithmetic.divide(Val(acc, region.axes, dtype), Val(reduced, region.axes, dtype))
+            self.line(f"{acc} = {quotient}")
+        else:
+            self.line(f"{acc} = {acc} {_APPLY[op]} {reduced}")
         self.end_stage(looped)
         self.finish_accumulation(target, acc, region)
 
@@ -1013,6 +1027,16 @@ class KernelWriter:
                 lanes = tuple(self.names.numbered("w") for _ in range(4))
                 self.line(f"{', '.join(lanes)} = threefry4x32({', '.join(key.lanes + counter.lanes)})")
                 return Val("", key.axes | counter.axes, dtypes.uint4x32, lanes=lanes)
+            case Binary(op=Binop.UINT4X32_PACK, a=a, b=b):
+                lo, hi = self.expr(a, region), self.expr(b, region)
+                self.helpers.add("uint4x32_pack")
+                lanes = tuple(self.names.numbered("w") for _ in range(4))
+                halves = ", ".join(self.arithmetic.tensor(v) for v in (lo, hi))
+                self.line(f"{', '.join(lanes)} = uint4x32_pack({halves})")
+                return Val("", lo.axes | hi.axes, dtypes.uint4x32, lanes=lanes)
+            case Binary(op=Binop.UINT4X32_WORD, a=a, b=Const(value=lane)):
+                x = self.expr(a, region)
+                return Val(x.lanes[lane], x.axes, dtypes.uint32)
             case Binary(op=op, a=a, b=b):
                 x, y = self.expr(a, region), self.expr(b, region)
                 return Val(self.arithmetic.binary(op, x, y, e.dtype), x.axes | y.axes, e.dtype)
@@ -1239,10 +1263,14 @@ store, so it stays sequential)."""
 
 
 SHORT_SUM = 16
-"""Sums over fewer points run in the loop's order (bit for bit the interpreter's); longer ones
-are tiled (a tree order, within the conformance tolerance)."""
+"""Sums, differences, products and quotients over fewer points run in the loop's order (bit for
+bit the interpreter's); longer ones are tiled (a tree order, within the conformance tolerance).
+Max and min are exact in any order and tiled at every length."""
 
 _COMMUTATIVE = frozenset({Binop.ADD, Binop.MUL, Binop.MAX, Binop.MIN})
+
+_APPLY = {Binop.ADD: "+", Binop.SUB: "-", Binop.MUL: "*"}
+"""Infix operators applying a tile's combined terms to the accumulator."""
 
 
 def _accumulator_type(target: Store | SetLocal) -> DType:

@@ -1,5 +1,5 @@
 // metal_shim.hpp: enough of the Metal Shading Language, as C++20, to compile MSL kernels with
-// g++ or clang++ and run them on the CPU (shared/spec/peers.md §4.2; ocannl/backends/metal/).
+// g++ or clang++ and run them on the CPU (docs/codegen.md, "Metal"; ocannl/backends/metal/).
 //
 // The harness (harness.py) puts this directory on the include path, so the `#include
 // <metal_stdlib>` of an emitted .metal file lands here (through the file `metal_stdlib`), then
@@ -19,7 +19,7 @@
 //  * poison: after this header, `double`, `std`, `malloc`, `free` and `printf` are hard errors
 //    (MSL has none of them), in g++ and clang++ alike.
 //
-// What it cannot check (peers.md §4.2): syntax the real Metal compiler rejects but C++ accepts
+// What it cannot check: syntax the real Metal compiler rejects but C++ accepts
 // (casts dropping an address space), Metal's fast-math default (the harness compiles with IEEE
 // semantics, as the backend asks of Metal), half arithmetic (computed in float here; ocannl
 // computes in float and only stores half), the hardware limits (the emitter checks them),
