@@ -627,7 +627,7 @@ def test_frontend_constant_folding(monkeypatch):
     assert same_bits(ctx.get(y.value), unoptimized_context(monkeypatch, y).get(y.value))
 
 
-def test_frontend_matmul_squared_is_the_spec_example(monkeypatch, tmp_path):
+def test_frontend_matmul_squared_is_the_worked_example(monkeypatch, tmp_path):
     """``c = a @ b`` virtual, ``d = c * c``: one loop over d, the reduction
     computed once per cell into a local, no buffer for c."""
     a = oc.tensor(np.arange(12, dtype=np.float32).reshape(3, 4) / 7, input=1, label="a")
