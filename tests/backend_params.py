@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+import ocannl as oc
 from ocannl.backends import base
+from ocannl.errors import BackendUnavailable
 
 
 def runs_here(name: str) -> bool:
@@ -23,3 +25,14 @@ def backend_param(name: str, slow: bool = False):
     if slow:
         marks.append(pytest.mark.slow)
     return pytest.param(name, marks=marks, id=name)
+
+
+def default_context(backend: str) -> oc.Context:
+    """A context on ``backend``, made the default one (``t.numpy()`` runs there); the test skips
+    where the backend cannot run."""
+    try:
+        ctx = oc.Context(backend)
+    except BackendUnavailable as e:
+        pytest.skip(str(e))
+    base.set_default_context(ctx)
+    return ctx

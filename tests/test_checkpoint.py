@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import safetensors
 
+from backend_params import default_context
 import ocannl as oc
 import ocannl.session
 from ocannl import checkpoint, nn, train
-from ocannl.backends import base
-from ocannl.errors import BackendUnavailable, CheckpointError
+from ocannl.errors import CheckpointError
 from ocannl.lowlevel import dtypes
 
 BACKENDS = ("interp", "c", "metal", "triton")
@@ -23,16 +23,6 @@ BACKENDS = ("interp", "c", "metal", "triton")
 RNG = np.random.default_rng(16)
 X = RNG.normal(size=(4, 3)).astype(np.float32)
 T = RNG.normal(size=(4, 2)).astype(np.float32)
-
-
-def context(backend: str) -> oc.Context:
-    """A context on ``backend``, made the default one; the test skips where it cannot run."""
-    try:
-        ctx = oc.Context(backend)
-    except BackendUnavailable as e:
-        pytest.skip(str(e))
-    base.set_default_context(ctx)
-    return ctx
 
 
 def model(backend: str):
@@ -53,7 +43,7 @@ def bits(t) -> np.ndarray:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_round_trip_in_a_fresh_session_gives_the_same_bits(backend, tmp_path):
     path = tmp_path / "model.safetensors"
-    ctx = context(backend)
+    ctx = default_context(backend)
     m, scale, bias16, y = model(backend)
     ctx.compile(y).run()
     saved = {p.label: bits(p) for p in [*m.params, scale, bias16]}
@@ -62,7 +52,7 @@ def test_round_trip_in_a_fresh_session_gives_the_same_bits(backend, tmp_path):
 
     ocannl.session.reset()
     oc.seed(123)  # another initialization: only loading can give back the saved values
-    ctx = context(backend)
+    ctx = default_context(backend)
     m, scale, bias16, y = model(backend)
     oc.load(path, [m, scale, bias16])
     ctx.compile(y).run()
@@ -206,7 +196,7 @@ def final_state(opt, params, ctx) -> dict[str, np.ndarray]:
 def test_resumed_training_gives_the_bits_of_an_uninterrupted_run(backend, kind, through_context, tmp_path):
     path = tmp_path / "train.safetensors"
     oc.seed(7)
-    ctx = context(backend)
+    ctx = default_context(backend)
     update, opt, params = training(kind)
     step = ctx.compile(update, opt)
     for _ in range(STEPS):
@@ -216,7 +206,7 @@ def test_resumed_training_gives_the_bits_of_an_uninterrupted_run(backend, kind, 
 
     ocannl.session.reset()
     oc.seed(7)
-    ctx = context(backend)
+    ctx = default_context(backend)
     update, opt, params = training(kind)
     step = ctx.compile(update, opt)
     for _ in range(SPLIT):
@@ -225,7 +215,7 @@ def test_resumed_training_gives_the_bits_of_an_uninterrupted_run(backend, kind, 
 
     ocannl.session.reset()
     oc.seed(99)  # the resumed run initializes differently: all its state must come from the file
-    ctx = context(backend)
+    ctx = default_context(backend)
     update, opt, params = training(kind)
     if through_context:
         train.load_checkpoint(path, opt, context=ctx)

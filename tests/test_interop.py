@@ -7,26 +7,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from backend_params import default_context
 import ocannl as oc
-from ocannl.backends import base
-from ocannl.errors import BackendUnavailable
 from ocannl.lowlevel import dtypes
 
 BACKENDS = ("interp", "c", "metal", "triton")
 
 
-def context(backend: str) -> oc.Context:
-    try:
-        ctx = oc.Context(backend)
-    except BackendUnavailable as e:
-        pytest.skip(str(e))
-    base.set_default_context(ctx)
-    return ctx
-
-
 @pytest.mark.parametrize("backend", ["interp", "c", "metal"])
 def test_from_dlpack_shares_the_contexts_buffer_on_the_cpu_backends(backend):
-    ctx = context(backend)
+    ctx = default_context(backend)
     w = oc.param("w", output=3, input=(), init=[1.0, 2.0, 3.0])
     y = (w * 2).materialize()
     step = ctx.compile(y)
@@ -44,7 +34,7 @@ def test_from_dlpack_shares_the_contexts_buffer_on_the_cpu_backends(backend):
 
 def test_on_triton_torch_gets_the_buffer_itself():
     torch = pytest.importorskip("torch")
-    ctx = context("triton")
+    ctx = default_context("triton")
     w = oc.param("w", output=3, input=(), init=[1.0, 2.0, 3.0])
     y = (w + 1).materialize()
     ctx.compile(y).run()
@@ -57,7 +47,7 @@ def test_on_triton_torch_gets_the_buffer_itself():
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_dlpack_reads_what_numpy_reads(backend):
-    context(backend)
+    default_context(backend)
     x = oc.tensor(np.arange(6, dtype=np.float32).reshape(2, 3), batch=1)
     y = (x * x).sum()  # never compiled: computed on first read, as t.numpy() does
     np.testing.assert_array_equal(np.from_dlpack(y), y.numpy())
@@ -67,7 +57,7 @@ def test_dlpack_reads_what_numpy_reads(backend):
 
 def test_torch_reads_a_tensor_through_dlpack():
     torch = pytest.importorskip("torch")
-    ctx = context("c")
+    ctx = default_context("c")
     w = oc.param("w", output=2, input=(), init=[1.5, -2.0], dtype="float64")
     ctx.compile(w * 1).run()
     t = torch.from_dlpack(w)
@@ -113,7 +103,7 @@ def test_a_gpu_or_unreadable_array_is_an_error_saying_what_to_do():
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_tensor_plus_ndarray_and_ndarray_plus_tensor(backend):
-    context(backend)
+    default_context(backend)
     w = oc.param("w", output=2, input=(), init=[1.0, 2.0])
     a = np.array([10.0, 20.0])
     left, right = w + a, a + w

@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from backend_params import default_context
 import ocannl as oc
 from ocannl import ops, train
-from ocannl.backends import base
-from ocannl.errors import BackendUnavailable, SessionError
+from ocannl.errors import SessionError
 from ocannl.lowlevel.assignments import Accum, Apply, Arg
 from ocannl.lowlevel.scalar_ops import Binop, Unop
 from ocannl.shape.logic import Pointwise
@@ -129,12 +129,7 @@ CUBE = ops.OpDef("cube", shape=lambda operands: Pointwise(), forward=_cube_forwa
 
 @pytest.fixture(params=BACKENDS)
 def ctx(request) -> oc.Context:
-    try:
-        context = oc.Context(request.param)
-    except BackendUnavailable as e:
-        pytest.skip(str(e))
-    base.set_default_context(context)
-    return context
+    return default_context(request.param)
 
 
 def test_an_op_defined_outside_the_catalog_runs_forward_and_backward(ctx):

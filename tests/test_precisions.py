@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from backend_params import default_context
 import ocannl as oc
 from ocannl import data, train
-from ocannl.backends import base
 from ocannl.errors import BackendUnavailable, OutOfBoundsError
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.dtypes import DTypeError
@@ -23,12 +23,7 @@ BACKENDS = ("interp", "c", "metal", "triton")
 @pytest.fixture(params=BACKENDS)
 def ctx(request) -> oc.Context:
     """A context on the backend, made the default one (``t.numpy()`` runs there)."""
-    try:
-        context = oc.Context(request.param)
-    except BackendUnavailable as e:
-        pytest.skip(str(e))
-    base.set_default_context(context)
-    return context
+    return default_context(request.param)
 
 
 def bf16(values) -> np.ndarray:

@@ -405,20 +405,12 @@ def _moons_step():
 
 
 def _transformer_block_step():
-    """A transformer block (batch 8, sequence 16, d 32, 2 heads, MLP 64) trained with Adam: its
-    backward has the subtractions of softmax, layer norm and max (``c =- v``)."""
-    rng = np.random.default_rng(0)
-    x = oc.tensor(rng.standard_normal((8, 16, 32)).astype(np.float32), batch=2, label="x")
-    target = oc.tensor(rng.standard_normal((8, 16, 32)).astype(np.float32), batch=2, label="target")
-    norm1, norm2 = nn.layer_norm("ln1"), nn.layer_norm("ln2")
-    attention = nn.multi_head_attention(num_heads=2, d_k=16, d_model=32, label="mha")
-    w1, b1 = oc.param("ff_w1", output=64), oc.param("ff_b1", output=64, init=0.0)
-    w2, b2 = oc.param("ff_w2", output=32), oc.param("ff_b2", output=32, init=0.0)
-    h = x + attention(norm1(x))
-    y = h + (w2 @ oc.relu(w1 @ norm2(h) + b1) + b2)
-    diff = y - target
-    update = train.grad_update((diff * diff).mean(label="loss"))
-    return [update, train.adam_update(update, lr=1e-3)]
+    """A transformer block (batch 8, sequence 16, d 32, 2 heads, MLP 64) trained with Adam, the
+    compile-time benchmark's: its backward has the subtractions of softmax, layer norm and max
+    (``c =- v``)."""
+    from bench.cc_time import transformer
+
+    return list(transformer()[0])
 
 
 @pytest.mark.parametrize("build", [_moons_step, _mlp_784_1024_1024_10, _transformer_block_step],
