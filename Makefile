@@ -52,6 +52,7 @@ test-all: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/shape_scaling.py
 	$(PY) -m bench.gemm
+	$(PY) -m bench.cpu_steps
 
 bench-triton: $(STAMP)
 	$(PY) -m bench.triton_gpu

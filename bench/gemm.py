@@ -4,14 +4,15 @@ For n = 256, 512, 1024: ``c = a @ b`` with ``a``, ``b`` of dims ``(n, n)`` (outp
 axes), compiled once on a ``c`` context, then timed over repeated runs (best of ``--repeat``;
 each run is one call of the compiled kernel on the context's buffers). numpy's ``a @ b`` is
 timed the same way. Prints GFLOP/s (2 n^3 flops per product) and the ratio ocannl / numpy, and
-checks that the C result equals the interpreter's bit for bit on a smaller size.
+checks that the C result equals the interpreter's bit for bit at 1024 and at ragged sizes (``m x
+k x n``; one batched product).
 
-The C kernel computes each cell's sum in the interpreter's order (blocks of 64 ``k`` steps, each
-summed from zero and added to the cell: docs/semantics.md, "Summation order"; no reassociation,
-no FMA in the default, deterministic setting), in register tiles, on all cores through OpenMP,
-built for this CPU's vector unit (``-march=native``; ``OCANNL_C_ISA=portable`` for the compiler's
-baseline target, to measure what the vector ISA brings); ``OCANNL_C_FAST=1`` adds
-``-ffp-contract=fast``.
+The C kernel is a packed GEMM (docs/codegen.md, "Packed GEMM") that computes each cell's sum in
+the interpreter's order (blocks of 64 ``k`` steps, each summed from zero and added to the cell:
+docs/semantics.md, "Summation order"; no reassociation, no FMA in the default, deterministic
+setting), on all cores through OpenMP, built for this CPU's vector unit (``-march=native``;
+``OCANNL_C_ISA=portable`` for the compiler's baseline target and scalar micro-kernels, to
+measure what the vector ISA brings); ``OCANNL_C_FAST=1`` adds ``-ffp-contract=fast``.
 
 ``--threads N`` limits both sides to N threads (OpenMP and numpy's BLAS), for a per-core
 comparison; by default both use every core.
@@ -66,18 +67,25 @@ def gemm(n: int, repeat: int) -> tuple[float, float, float]:
     return compile_s, best_time(routine.run, repeat), best_time(lambda: a_np @ b_np, repeat)
 
 
-def check_bits(n: int = 96) -> bool:
-    """The C GEMM equals the interpreter's bit for bit."""
+BIT_CHECKS = ((1024, 1024, 1024, 0), (96, 99, 91, 0), (1, 1, 1, 0), (7, 300, 5, 0), (65, 129, 63, 0),
+              (40, 300, 33, 3))
+"""``(m, k, n, batch)`` of the products checked bit for bit (batch 0: a plain matmul)."""
+
+
+def check_bits(m: int, k: int, n: int, batch: int) -> bool:
+    """The C product of an ``m x k`` and a ``k x n`` matrix (``batch`` of each when not 0) equals
+    the interpreter's bit for bit."""
     results = []
     for backend in ("interp", "c"):
         ocannl.session.reset()
         rng = np.random.default_rng(1)
-        a = oc.tensor(rng.standard_normal((n, n + 3)).astype(np.float32), input=1)
-        b = oc.tensor(rng.standard_normal((n + 3, n - 5)).astype(np.float32), input=1)
-        c = a @ b
+        lead = (batch,) if batch else ()
+        a = oc.tensor(rng.standard_normal((*lead, m, k)).astype(np.float32), batch=len(lead), input=1)
+        b = oc.tensor(rng.standard_normal((*lead, k, n)).astype(np.float32), batch=len(lead), input=1)
+        c = oc.einsum("b|i->o; b|j->i => b|j->o", a, b) if batch else a @ b
         ctx = Context(backend)
         ctx.compile(c).run()
-        results.append(ctx.get(c.value))
+        results.append(ctx.get(c.value).view(np.uint32))
     return bool(np.array_equal(*results))
 
 
@@ -90,7 +98,9 @@ def main() -> None:
     backend = Context("c").backend
     print(f"C backend: {backend.available()[1]}")
     print(f"threads: {args.threads or 'all'} of {os.cpu_count()} cpus")
-    print(f"bit-identical to the interpreter (96x99x91): {check_bits()}")
+    for m, k, n, batch in BIT_CHECKS:
+        size = f"{batch} x " * bool(batch) + f"{m}x{k}x{n}"
+        print(f"bit-identical to the interpreter ({size}): {check_bits(m, k, n, batch)}")
     print(f"{'n':>6} {'compile s':>10} {'ocannl GFLOP/s':>15} {'numpy GFLOP/s':>14} {'ratio':>7}")
     for n in (int(s) for s in args.sizes.split(",")):
         compile_s, ours, theirs = gemm(n, args.repeat)

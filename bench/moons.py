@@ -78,33 +78,52 @@ def run_overhead(backend: str, calls: int = 100_000) -> float:
     return best
 
 
-def torch_run(steps: int) -> tuple[float, float]:
-    """(seconds per step, last epoch's summed loss) of the same training in PyTorch eager."""
+def torch_training(weights: dict[str, "np.ndarray"] | None = None, total: int = 6400):
+    """The same training in PyTorch eager: a function running step ``k`` (returning the loss
+    tensor) and the model. ``weights``: initial values by ocannl label (``mlp_w1``, ...), copied
+    in (ocannl lays a weight out as ``[output, input]``, as ``torch.nn.Linear``); else
+    PyTorch's own initialization."""
     import torch
 
     from ocannl import data
 
-    torch.manual_seed(0)
     points, labels = data.moons(800, noise=0.1, seed=0)
     xs = torch.from_numpy(points).reshape(80, 10, 2)
     ys = torch.from_numpy(labels).reshape(80, 10, 1)
     model = torch.nn.Sequential(torch.nn.Linear(2, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16),
                                 torch.nn.ReLU(), torch.nn.Linear(16, 1, bias=False))
+    if weights is not None:
+        with torch.no_grad():
+            for target, name in ((model[0].weight, "mlp_w1"), (model[0].bias, "mlp_b1"), (model[2].weight, "mlp_w2"),
+                                 (model[2].bias, "mlp_b2"), (model[4].weight, "mlp_w_out")):
+                target.copy_(torch.from_numpy(weights[name]).reshape(target.shape))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=1e-4)
-    total = 6400
+
+    def step(k: int):
+        for group in opt.param_groups:
+            group["lr"] = 0.1 * (2 * total - k) / total
+        b = k % 80
+        loss = torch.relu(1 - ys[b] * model(xs[b])).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step, model
+
+
+def torch_run(steps: int) -> tuple[float, float]:
+    """(seconds per step, last epoch's summed loss) of the same training in PyTorch eager."""
+    import torch
+
+    torch.manual_seed(0)
+    step, _ = torch_training()
     losses, per_step = [], []
     for first in range(0, steps, 80):
         count = min(80, steps - first)
         start = time.perf_counter()
-        for step in range(first, first + count):
-            for group in opt.param_groups:
-                group["lr"] = 0.1 * (2 * total - step) / total
-            b = step % 80
-            loss = torch.relu(1 - ys[b] * model(xs[b])).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
+        for k in range(first, first + count):
+            losses.append(step(k).item())
         per_step.append((time.perf_counter() - start) / count)
     return statistics.median(per_step), sum(losses[-80:])
 

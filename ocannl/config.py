@@ -87,7 +87,10 @@ def flag(name: str, argument: bool | None = None, default: bool = False) -> bool
     """A yes/no setting, from the same sources as :func:`get`: ``1``, ``true``, ``yes``, ``on``
     and ``0``, ``false``, ``no``, ``off`` (any case). Settings read this way: ``fast_math``
     (``OCANNL_FAST_MATH=1``: the optimizer forms fused multiply-adds, which round once instead of
-    twice, so results differ from the deterministic default; ocannl/lowlevel/optimize.py)."""
+    twice, so results differ from the deterministic default; ocannl/lowlevel/optimize.py),
+    ``triton_autotune`` (measure Triton contraction tiles on the GPU; ocannl/backends/triton/autotune.py)
+    and ``triton_cuda_graphs`` (Triton's ``run_many`` replays a CUDA graph;
+    ocannl/backends/triton/runtime.py)."""
     if argument is not None:
         return bool(argument)
     value = get(name)

@@ -28,9 +28,9 @@ def add_fwd_0_add_4(add_4, x, b, c, XBLOCK: tl.constexpr):
 
 
 def launch(buffers, symbols, error):
-    """Run the kernels in order. ``buffers`` maps node names to tensors, ``symbols`` index
-    symbol names to ints, ``error`` is a one-element int32 tensor (set when a position is out
-    of range)."""
+    """Run the kernels in order. ``buffers`` maps node names to tensors, ``symbols`` is the
+    int64 tensor of index symbol values (the symbol table), ``error`` a one-element int32
+    tensor (set when a position is out of range)."""
     add_fwd_0_add_4[(1,)](
         buffers["add_4"],
         buffers["x"],

@@ -45,9 +45,9 @@ def conv_fwd_0_conv(conv, images, kernel_3, BLOCK_M: tl.constexpr, BLOCK_N: tl.c
 
 
 def launch(buffers, symbols, error):
-    """Run the kernels in order. ``buffers`` maps node names to tensors, ``symbols`` index
-    symbol names to ints, ``error`` is a one-element int32 tensor (set when a position is out
-    of range)."""
+    """Run the kernels in order. ``buffers`` maps node names to tensors, ``symbols`` is the
+    int64 tensor of index symbol values (the symbol table), ``error`` a one-element int32
+    tensor (set when a position is out of range)."""
     conv_fwd_0_conv[(2,)](
         buffers["conv"],
         buffers["images"],

@@ -29,9 +29,9 @@ def reduced_fwd_0_reduced(reduced, x, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr
 
 
 def launch(buffers, symbols, error):
-    """Run the kernels in order. ``buffers`` maps node names to tensors, ``symbols`` index
-    symbol names to ints, ``error`` is a one-element int32 tensor (set when a position is out
-    of range)."""
+    """Run the kernels in order. ``buffers`` maps node names to tensors, ``symbols`` is the
+    int64 tensor of index symbol values (the symbol table), ``error`` a one-element int32
+    tensor (set when a position is out of range)."""
     reduced_fwd_0_reduced[(1,)](
         buffers["reduced"],
         buffers["x"],

@@ -37,9 +37,9 @@ def compose_fwd_0_compose(compose, w, x, BLOCK_M: tl.constexpr, BLOCK_N: tl.cons
 
 
 def launch(buffers, symbols, error):
-    """Run the kernels in order. ``buffers`` maps node names to tensors, ``symbols`` index
-    symbol names to ints, ``error`` is a one-element int32 tensor (set when a position is out
-    of range)."""
+    """Run the kernels in order. ``buffers`` maps node names to tensors, ``symbols`` is the
+    int64 tensor of index symbol values (the symbol table), ``error`` a one-element int32
+    tensor (set when a position is out of range)."""
     compose_fwd_0_compose[(9,)](
         buffers["compose"],
         buffers["w"],

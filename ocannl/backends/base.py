@@ -52,7 +52,12 @@ class Executable(Protocol):
 
     - ``prepare(buffers) -> call``: ``call(bindings)`` runs as ``run(buffers, bindings)`` does,
       with the buffers checked once, in ``prepare``; a routine keeps the call while the context's
-      buffers stay the same, so each ``run()`` pays only for its bindings.
+      buffers stay the same, so each ``run()`` pays only for its bindings. The call may also
+      offer a direct path, four attributes: ``order`` (every index symbol of the routine),
+      ``values`` (a mutable sequence of ints, one per symbol of ``order``, where the native code
+      reads the bindings), ``invoke()`` (runs on ``values`` as they stand, returning a nonzero
+      failure status or a false value) and ``fail(status)`` (raises that status's error): a
+      ``run()`` then stores its bindings in ``values`` and calls ``invoke``, no mapping built.
     - ``run_many(buffers, symbols, steps, records) -> outputs``: :func:`run_steps`'s contract,
       in one native call.
     """
@@ -422,17 +427,22 @@ class Routine:
         self._stats = context.stats
         self.ir = ir
         self._executable = executable
-        self._symbols = {s.name: (s, binding_limit(s)) for s in ir.static_symbols}
-        """Name -> the symbol and the bound of its values."""
+        self._symbols = {s.name: (s, binding_limit(s), k) for k, s in enumerate(ir.static_symbols)}
+        """Name -> the symbol, the bound of its values and its position in ``_slots``."""
         self._bindings: dict[IndexSymbol, int] = {}
+        self._slots: Any = [0] * len(ir.static_symbols)
+        """The bound values again, where the prepared call reads them when it has a direct path
+        (see :class:`Executable`); else a list nothing reads."""
+        self._invoke: Callable[[], int | None] | None = None
+        """The executable bound to ``_buffers`` and the current bindings (made by
+        :meth:`_prepare`); a nonzero result is a failure status, raised by ``_fail``."""
+        self._fail: Callable[[int], None] | None = None
         self._inputs: frozenset[TNode] = frozenset()
         self._inlined: frozenset[TNode] = frozenset()
         """Nodes this routine computes inline (virtualized): they get no buffer."""
         self._nodes = tuple(dict.fromkeys(ir.reads + ir.writes))
         self._context_ref = weakref.ref(context)
         self._buffers: dict[TNode, Any] = {}
-        self._call: Callable[[Mapping[IndexSymbol, int]], None] | None = None
-        """The executable bound to ``_buffers`` (made by :meth:`_prepare`)."""
         self._epoch = -1
         """The module's ``_epoch`` after this routine's last full run."""
 
@@ -447,20 +457,25 @@ class Routine:
 
         A run repeating the last one but for its bindings (nothing set, created or inlined on
         any context since) goes straight to the executable: its checks passed last time and its
-        records would not change (see ``_epoch``)."""
-        symbols, values = self._symbols, self._bindings
+        records would not change (see ``_epoch``). Each binding is also stored where the native
+        code reads it (``_slots``), so that run costs one call."""
+        symbols, values, slots = self._symbols, self._bindings, self._slots
         for key, value in bindings.items():
             entry = symbols.get(key)
             if entry is not None and type(value) is int and 0 <= value < entry[1]:  # _bind's common case
-                values[entry[0]] = value
+                values[entry[0]] = slots[entry[2]] = value
             else:
                 self._bind(key, value)
         if self._epoch == _epoch:
-            self._call(values)
+            status = self._invoke()
+            if status:
+                self._fail(status)
             self._stats.runs += 1
             return
         self._prepare()
-        self._call(values)
+        status = self._invoke()
+        if status:
+            self._fail(status)
         self._finish(1)
 
     def run_many(self, /, record: Any = None, **bindings: Sequence[int]) -> np.ndarray | list[np.ndarray] | None:
@@ -494,10 +509,12 @@ class Routine:
                 failed = getattr(e, "step", None)
                 if failed is not None:  # steps before it ran, as n calls of run() would have
                     self._bindings.update(zip(symbols, steps[failed].tolist()))
+                    self._sync_slots()
                     if failed:
                         self._finish(failed)
                 raise
             self._bindings.update(zip(symbols, steps[-1].tolist()))
+            self._sync_slots()
             self._finish(n)
         else:
             outputs = [np.empty((0, *_buffer_shape(node)), node.dtype.storage) for node in records]
@@ -521,8 +538,24 @@ class Routine:
                 )
         self._buffers = {node: self.context._buffer(node) for node in self._nodes}
         prepare = getattr(self._executable, "prepare", None)
-        self._call = (prepare(self._buffers) if prepare is not None
-                      else functools.partial(self._executable.run, self._buffers))
+        call = (prepare(self._buffers) if prepare is not None
+                else functools.partial(self._executable.run, self._buffers))
+        order = getattr(call, "order", None)
+        if order is None:
+            self._invoke, self._fail = functools.partial(call, self._bindings), None
+            return
+        if call.values is not self._slots:
+            position = {symbol: k for k, symbol in enumerate(order)}
+            self._symbols = {key: (s, limit, position[s]) for key, (s, limit, _) in self._symbols.items()}
+            self._slots, self._invoke, self._fail = call.values, call.invoke, call.fail
+        self._sync_slots()
+
+    def _sync_slots(self) -> None:
+        """Store every bound value in ``_slots`` (after bindings changed other than by ``run``)."""
+        slots, values = self._slots, self._bindings
+        for symbol, _, k in self._symbols.values():
+            if symbol in values:
+                slots[k] = values[symbol]
 
     def _finish(self, runs: int) -> None:
         """Record ``runs`` completed runs: what they computed inline, and what they wrote. The
@@ -548,8 +581,8 @@ class Routine:
             _advance_epoch()
         self._epoch = _epoch
 
-    def _symbol(self, key: str) -> tuple[IndexSymbol, int]:
-        """The symbol named ``key`` and its bound (:func:`binding_limit`)."""
+    def _symbol(self, key: str) -> tuple[IndexSymbol, int, int]:
+        """The symbol named ``key``, its bound (:func:`binding_limit`) and its slot."""
         entry = self._symbols.get(key)
         if entry is None:
             known = ", ".join(self._symbols) or "none"
@@ -557,8 +590,8 @@ class Routine:
         return entry
 
     def _bind(self, key: str, value: Any) -> None:
-        symbol = self._symbol(key)[0]
-        self._bindings[symbol] = check_binding(symbol, value, self.name)
+        symbol, _, k = self._symbol(key)
+        self._bindings[symbol] = self._slots[k] = check_binding(symbol, value, self.name)
 
     def _steps(self, bindings: Mapping[str, Any]) -> np.ndarray:
         """The ``(n, len(static_symbols))`` int64 table of ``run_many``'s steps, every value checked."""

@@ -1,5 +1,5 @@
 """The on-disk kernel cache the compiled backends share: where it lives, why what it holds can be
-trusted, and the one step that adds to it (README, "Kernel cache and trust").
+trusted, and the steps that add to it (README, "Kernel cache and trust").
 
 **Where.** ``<root>/<backend>/...`` (``c``, ``c/probes``, ``metal``, ``triton``), where the root
 is the ``cache_dir`` setting (``OCANNL_CACHE_DIR``, or ``cache_dir=`` in ``ocannl_config``), else
@@ -184,6 +184,17 @@ def _build_once(cmd: list[str], source: str | None, target: Path, compiler: str)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def write_verified(target: Path, text: str) -> None:
+    """Add a small text entry (not code: a tuned configuration) to the cache as
+    :func:`build_atomically` adds a built file: its digest recorded first, then the file renamed
+    into place, so :func:`verified` accepts it only once complete. ``text`` is ASCII."""
+    try:
+        _write_atomically(digest_path(target), hashlib.sha256(text.encode("ascii")).hexdigest() + "\n")
+        _write_atomically(target, text)
+    except OSError as e:
+        raise CacheError(f"cannot write {target} into the kernel cache ({e.strerror}); {FIX}") from None
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -29,6 +29,8 @@ What the walk decides for every language:
   ``ocannl/lowlevel/cpu_schedule.py``; the walk prints its :class:`ContractionPlan` as tiles of
   accumulators in scalar variables, each cell adding its terms in the interpreter's order, and a
   parallel loop's iterations writing disjoint cells, so results do not depend on the thread count.
+  A language with a :class:`GemmTarget` (C) gets GEMM-class contractions as packed GEMMs
+  (:meth:`Emitter._gemm`, docs/codegen.md "Packed GEMM"), in the same order per cell.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 import abc
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator, Mapping, Protocol
 
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.analysis import affine_form, provably_within, row_major_strides
@@ -46,10 +48,12 @@ from ocannl.lowlevel.indexing import Affine, AnySymbol, AxisIndex, Fixed, IndexS
 from ocannl.lowlevel.ir import (
     Binary, Cast, Comment, Const, DeclareLocal, EmbedIndex, Expr, Fill, For, GetLocal, Load, LoadDynamic, Local,
     LocalScope, LoopKind, Namer, RoutineIR, Seq, SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary,
-    format_routine, format_stmt, iter_exprs, iter_stmts, seq, stmt_exprs,
+    format_expr, format_routine, format_stmt, iter_exprs, iter_stmts, seq, stmt_exprs,
 )
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
-from ocannl.lowlevel.cpu_schedule import PARALLEL_MIN_WORK, ContractionPlan, parallel_safe, plan_contraction, work
+from ocannl.lowlevel.cpu_schedule import (
+    PARALLEL_MIN_WORK, ContractionPlan, GemmPlan, MicroKernel, parallel_safe, plan_contraction, work,
+)
 from ocannl.lowlevel.tnode import TNode
 
 PART_STATEMENTS = 32
@@ -121,6 +125,37 @@ class Syntax(abc.ABC):
         return None
 
 
+class GemmTarget(Protocol):
+    """What a language that runs packed GEMMs (C: ``ocannl/backends/c/gemm.py``) gives the walk:
+    the width of its vector registers, its micro-kernels and its thread-pool spellings."""
+
+    vector_bytes: int
+    parallel_region: str
+    """The line opening a block that every thread runs."""
+
+    def work_shared_for(self, collapse: int) -> str:
+        """The line before ``collapse`` nested loops of such a block whose iterations are shared
+        among the threads, dynamically."""
+
+    def kernel(self, shape: MicroKernel) -> list[str]:
+        """The lines of the micro-kernel function of ``shape``."""
+
+    def kernel_name(self, shape: MicroKernel) -> str:
+        """The name of that function."""
+
+    def declarations(self) -> list[str]:
+        """File-scope lines the first GEMM of a source needs."""
+
+    def vector_types(self, lanes: int) -> list[str]:
+        """The vector types of ``lanes`` floats the micro-kernels use."""
+
+    def thread_count(self, name: str) -> list[str]:
+        """Lines declaring ``name``, the number of threads of the enclosing block."""
+
+    def aligned_buffer(self, name: str, size: int) -> str:
+        """The declaration of a local array of ``size`` floats aligned for the vector loads."""
+
+
 @dataclass(frozen=True)
 class Site:
     """A runtime check of the generated code: ``kind`` is ``"index"`` or ``"division"``."""
@@ -176,18 +211,24 @@ class Emitter:
         parallel: bool = True,
         tile_function: Callable[[Emitter, str, list[str], list[str]], list[str]] | None = None,
         nest_function: Callable[[Emitter, str, list[str], list[str]], list[str]] | None = None,
+        gemm: GemmTarget | None = None,
     ):
         """``function_name``: the routine's function, also the prefix of its helper functions'
         names; ``reserved``: other identifiers node names must avoid.
         ``tile_function(emitter, name, params, body)`` wraps a contraction's lines in a helper
         function of the language; without it, contractions print inline. ``nest_function`` does
-        the same for every other top-level loop nest (:meth:`body`)."""
+        the same for every other top-level loop nest (:meth:`body`). ``gemm``: the language runs
+        GEMM-class contractions as packed GEMMs (:meth:`_gemm`); the walk then prints them in
+        helper functions through ``nest_function``."""
         self.syntax = syntax
         self.function_name = function_name
         self.routine = routine
         self.parallel = parallel
         self.tile_function = tile_function
         self.nest_function = nest_function
+        self.gemm = gemm
+        self._vector_bytes = gemm.vector_bytes if gemm is not None else None
+        self._gemm_kernels: set[MicroKernel] = set()
         self.namer = Namer()
         format_routine(routine, self.namer)  # number loops and locals exactly as the .ll file
         # Node names are already reserved nowhere; this scope adds the function, its tile
@@ -250,7 +291,8 @@ class Emitter:
             if (
                 isinstance(s, For)
                 and _self_contained(s)
-                and (self.tile_function is None or plan_contraction(s) is None)  # else a tile function already
+                # a contraction is a tile function already
+                and (self.tile_function is None or plan_contraction(s, self._vector_bytes) is None)
             ):
                 self.helper("nest", s, lambda s=s: self.stmt(s))
             else:
@@ -387,7 +429,7 @@ class Emitter:
 
     def for_loop(self, loop: For) -> None:
         if not self._in_scope and self._env == {}:
-            plan = plan_contraction(loop)
+            plan = plan_contraction(loop, self._vector_bytes)
             if plan is not None:
                 self.contraction(plan)
                 return
@@ -420,11 +462,27 @@ class Emitter:
         self._out, self._depth = _Output(), 1 if self.tile_function else self._depth
         self._statement = plan.store
         store = plan.store
-        self.line(
-            f"/* {comment_text(format_stmt(store, self.namer))} in {plan.mr}x{plan.nr} register tiles; "
-            + ("each block of terms sums from zero, then adds to the cell */" if plan.blocks is not None
-               else "each cell sums in loop order */")
-        )
+        if plan.gemm is not None and self.gemm is not None:
+            g = plan.gemm
+            term = format_expr(Binary(Binop.MUL, *((g.a, g.b) if g.a_first else (g.b, g.a))), self.namer)
+            terms = ", ".join(f"{self.namer.symbol(s)} < {n}" for s, n in g.k)
+            cell = format_expr(Load(store.tnode, store.indices), self.namer)
+            what = f"{cell} := {cell} + sum of {term} over {terms}"
+            if plan.scope is not None:
+                consumer = format_stmt(store, self.namer).rstrip(";")
+                what = f"{consumer}, where {self.namer.local(plan.scope.local)} sums {term} over {terms}"
+            self.line(
+                f"/* {comment_text(what)}, as a packed GEMM: {g.mr}x{g.nr} micro-kernel, "
+                f"cache blocks mc x kc x nc = {g.mc} x {g.kc} x {g.nc}; "
+                + (f"each block of {g.block} terms sums from zero, then adds to the cell */" if g.block
+                   else "each cell sums in loop order */")
+            )
+        else:
+            self.line(
+                f"/* {comment_text(format_stmt(store, self.namer))} in {plan.mr}x{plan.nr} register tiles; "
+                + ("each block of terms sums from zero, then adds to the cell */" if plan.blocks is not None
+                   else "each cell sums in loop order */")
+            )
         if plan.reset is not None:
             reset = Store(store.tnode, store.indices, plan.reset)
             for s, n in reversed(plan.parallel):
@@ -432,8 +490,10 @@ class Emitter:
             self._in_scope += 1  # the reset nest prints as plain loops
             self.stmt(reset)
             self._in_scope -= 1
-        it = self.syntax.index_type
-        if plan.blocks is not None:
+        packed = plan.gemm is not None and self.gemm is not None
+        if packed:
+            self._gemm(plan, plan.gemm)
+        elif plan.blocks is not None:
             self._block_contraction(plan)
         else:
             self._loop_order_contraction(plan)
@@ -443,7 +503,8 @@ class Emitter:
             return
         name = f"{self.function_name}_tile{len(self.functions)}"
         params, args = self._helper_params(plan.nest)
-        self.functions.append(self.tile_function(self, name, params, lines))
+        wrap = self.nest_function if packed and self.nest_function is not None else self.tile_function
+        self.functions.append(wrap(self, name, params, lines))
         self.line(f"{name}({', '.join(args)});")
 
     def _block_contraction(self, plan: ContractionPlan) -> None:
@@ -492,6 +553,160 @@ class Emitter:
         if blocked:
             self._depth -= 1
             self.line("}")
+
+    def _gemm(self, plan: ContractionPlan, g: GemmPlan) -> None:
+        """A contraction as a packed GEMM (``cpu_schedule.GemmPlan``), BLIS's loop nest cut into
+        units of work: ``nc`` columns by a share of the rows (all of them on one thread), for each
+        batch iteration. A unit packs the panel of B of each ``kc`` panel of the reduction, in
+        order, then for each ``mc`` of its rows the block of A, and runs the micro-kernel over the
+        block's tiles. Threads take units as they finish others and never wait for each other
+        (a core that another process slows down does fewer units); a cell is computed by one unit,
+        its panels in order, so the result does not depend on the threads. Operands are read
+        through their loads as the loop IR writes them (any strides: a transposed operand is
+        packed as it is read); the packed buffers are on each thread's stack."""
+        gemm, syn, it = self.gemm, self.syntax, self.syntax.index_type
+        out, idx = plan.store.tnode, plan.store.indices
+        m, n, n_k = g.m, g.n, g.depth
+        mr, nr = g.mr, g.nr
+        kc, nc = min(g.kc, n_k), min(g.nc, -(-n // nr) * nr)
+        mc = min(g.mc, -(-m // mr) * mr)
+        shape = g.kernel
+        if not self._gemm_kernels:
+            self.functions.append(gemm.declarations())
+        if shape not in self._gemm_kernels:
+            if g.lanes > 1 and all(s.lanes != g.lanes for s in self._gemm_kernels):
+                self.functions.append(gemm.vector_types(g.lanes))
+            self._gemm_kernels.add(shape)
+            self.functions.append(gemm.kernel(shape))
+        extents = dict((*g.rows, *g.cols, *g.k, *g.outer))
+        self._extents.update(extents)
+        parallel = self.parallel and not self._in_parallel and g.parallel
+        zero, real = syn.literal(0.0, dtypes.float32), syn.compute_type(dtypes.float32)
+
+        def minimum(a: str, b: str) -> str:
+            return f"{a} < {b} ? {a} : {b}"
+
+        def block(header: str, body: Callable[[], None], pragma: str | None = None) -> None:
+            if pragma:
+                self.line(pragma)
+            self.line(f"{header} {{" if header else "{")
+            self._depth += 1
+            body()
+            self._depth -= 1
+            self.line("}")
+
+        def pack(buffer: str, factor: Load, width: int, span: str, along: tuple, k_unit: bool) -> None:
+            """``buffer[k*width + q] = factor`` at the flat index ``start + q`` of the loops
+            ``along`` for ``q < span`` and the ``k`` of the panel, zero for ``span <= q <
+            width``: one packed strip."""
+            self._env = {**_digits(along, "_at"), **_digits(g.k, "_kk")}
+
+            def cell() -> None:
+                self.line(f"const {it} _at = _start + _q, _kk = _pc + _k;")
+                self.line(f"{buffer}[{width}*_k + _q] = {self.expr(factor)};")
+
+            loops = [f"for ({it} _k = 0; _k < _kc; ++_k)", f"for ({it} _q = 0; _q < {span}; ++_q)"]
+            outer, inner = (loops[1], loops[0]) if k_unit else loops
+            block(outer, lambda: block(inner, cell))
+            block(f"for ({it} _k = 0; _k < _kc; ++_k)",
+                  lambda: self.line(f"for ({it} _q = {span}; _q < {width}; ++_q) {buffer}[{width}*_k + _q] = {zero};"))
+            self._env = {}
+
+        def tiles() -> None:
+            self.line(f"const {it} _mcc = {minimum('_mend - _ic', str(mc))};")
+            self.line(f"/* pack A: the block's rows in strips of {mr}, k after k */")
+
+            def pack_a() -> None:
+                self.line(f"{real} *_strip = _pa + _ir*_kc;")
+                self.line(f"const {it} _start = _ic + _ir, _h = {minimum('_mcc - _ir', str(mr))};")
+                pack("_strip", g.a, mr, "_h", g.rows, g.a_k_unit)
+
+            block(f"for ({it} _ir = 0; _ir < _mcc; _ir += {mr})", pack_a)
+            self.line(f"/* the micro-kernel over the block's {mr}x{nr} tiles */")
+            block(f"for ({it} _jr = 0; _jr < _nc; _jr += {nr})",
+                  lambda: block(f"for ({it} _ir = 0; _ir < _mcc; _ir += {mr})", tile))
+
+        def tile() -> None:
+            self.line(f"const {real} *_ap = _pa + _ir*_kc, *_bp = _pb + _jr*_kc;")
+            self.line(f"const {it} _h = {minimum('_mcc - _ir', str(mr))}, _w = {minimum('_nc - _jr', str(nr))};")
+            direct = plan.scope is None and g.c_strides is not None and g.c_strides[1] == 1
+            if direct:
+                self._env = {**_digits(g.rows, "(_ic + _ir)"), **_digits(g.cols, "(_jc + _jr)")}
+                corner = self.access(out, idx)
+                self._env = {}
+                self.line(f"if (_h == {mr} && _w == {nr}) {{")
+                self._depth += 1
+                self.line(f"{gemm.kernel_name(shape)}(_kc, _ap, _bp, &{corner}, {g.c_strides[0]});")
+                self.line("continue;")
+                self._depth -= 1
+                self.line("}")
+            self.line(f"/* {'an edge tile: its cells' if direct else 'the tile'} through a buffer */")
+            self.line(f"{real} _t[{mr * nr}] = {{0}};")
+            self._env = {**_digits(g.rows, "(_ic + _ir + _r)"), **_digits(g.cols, "(_jc + _jr + _q)")}
+            if plan.scope is not None:
+                init = plan.init.value if plan.init is not None else 0.0
+                start = syn.literal(init, dtypes.float32)
+            else:
+                start = syn.from_storage(out.dtype, self.access(out, idx))
+            cells = f"for ({it} _r = 0; _r < _h; ++_r) for ({it} _q = 0; _q < _w; ++_q)"
+            self.line(f"{cells} _t[{nr}*_r + _q] = {start};")
+            self.line(f"{gemm.kernel_name(shape)}(_kc, _ap, _bp, _t, {nr});")
+            if plan.scope is not None:
+                self._scope_values[id(plan.scope)] = f"_t[{nr}*_r + _q]"
+                def consume() -> None:
+                    self.with_prelude(lambda: f"{self.access(out, idx)} = {self.stored(out, plan.store.value)};")
+
+                block(cells, consume)
+                self._scope_values.clear()
+            else:
+                self.line(f"{cells} {self.access(out, idx)} = {syn.to_storage(out.dtype, f'_t[{nr}*_r + _q]')};")
+            self._env = {}
+
+        def panel() -> None:
+            self.line(f"const {it} _kc = {minimum(f'{n_k} - _pc', str(kc))};")
+            self.line(f"/* pack B: the panel's columns in strips of {nr}, k after k */")
+
+            def pack_b() -> None:
+                self.line(f"{real} *_strip = _pb + _jr*_kc;")
+                self.line(f"const {it} _start = _jc + _jr, _w = {minimum('_nc - _jr', str(nr))};")
+                pack("_strip", g.b, nr, "_w", g.cols, g.b_k_unit)
+
+            block(f"for ({it} _jr = 0; _jr < _nc; _jr += {nr})", pack_b)
+            block(f"for ({it} _ic = _iu; _ic < _mend; _ic += {mc})", tiles)
+
+        def unit() -> None:
+            self.line(f"const {it} _nc = {minimum(f'{n} - _jc', str(nc))}, _mend = {minimum('_iu + _mu', str(m))};")
+            block(f"for ({it} _pc = 0; _pc < {n_k}; _pc += {kc})", panel)
+
+        loops = [f"for ({it} {self.namer.symbol(s)} = 0; {self.namer.symbol(s)} < {extent}; ++{self.namer.symbol(s)})"
+                 for s, extent in g.outer]
+        loops += [f"for ({it} _jc = 0; _jc < {n}; _jc += {nc})", f"for ({it} _iu = 0; _iu < {m}; _iu += _mu)"]
+
+        def units(depth: int = 0) -> None:
+            if depth == len(loops):
+                unit()
+            else:
+                block(loops[depth], lambda: units(depth + 1))
+
+        def region() -> None:
+            self.line(f"{gemm.aligned_buffer('_pb', kc * nc)}  /* this thread's packed panel of B */")
+            self.line(f"{gemm.aligned_buffer('_pa', mc * kc)}  /* this thread's packed block of A */")
+            if parallel:
+                for line in gemm.thread_count("_nt"):  # preprocessor lines start in the first column
+                    self._out.lines.append(line if line.startswith("#") else "  " * self._depth + line)
+                self.line("/* rows per unit of work: two units per thread and column block, so that a thread")
+                self.line("   another process slows down leaves its units to the others */")
+                share = f"(({m} + 2*_nt - 1) / (2*_nt) + {mr - 1}) / {mr} * {mr}"  # rounded to whole tiles
+                self.line(f"const {it} _mu = _nt == 1 ? {m} : {share};")
+                self.line(f"/* units of columns and rows, each packing its own panels; no thread waits for another */")
+                self.line(gemm.work_shared_for(len(loops)))
+            else:
+                self.line(f"const {it} _mu = {m};")
+            units()
+
+        block("", region, gemm.parallel_region if parallel else None)
+        for s in extents:
+            self._extents.pop(s, None)
 
     def _helper_params(self, nest: Stmt) -> tuple[list[str], list[str]]:
         """The parameters of the helper function printing ``nest`` (a contraction or a top-level
@@ -888,6 +1103,24 @@ class Emitter:
         if checked:
             offset = " + ".join(([] if offset == "0" else [offset]) + checked)
         return f"{self.nodes[node]}[{offset}]"
+
+
+def _digits(loops: tuple[tuple[Symbol, int], ...], flat: str) -> dict[Symbol, tuple[str, int]]:
+    """The walk's texts of ``loops`` as the row-major digits of the flat index ``flat``."""
+    texts: dict[Symbol, tuple[str, int]] = {}
+    stride = 1
+    for position, (s, n) in reversed(list(enumerate(loops))):
+        if len(loops) == 1:
+            text = flat
+        elif stride == 1:
+            text = f"({flat} % {n})"
+        elif position == 0:
+            text = f"({flat} / {stride})"
+        else:
+            text = f"({flat} / {stride} % {n})"
+        texts[s] = (text, 0)
+        stride *= n
+    return texts
 
 
 def _scaled(stride: int, text: str) -> str:

@@ -2,7 +2,8 @@
 Triton and Metal backends (each renders the kernels its own way).
 
 A routine body is a sequence of top-level statements (loop nests, fills, scalar stores). Each
-kernel runs a contiguous run of them, in order, over one *grid*: a tuple of axes whose points are
+kernel runs some of them, in order (a run of consecutive statements, and statements moved up into
+it: see below), over one *grid*: a tuple of axes whose points are
 independent, each mapped to one loop of every statement in the kernel (that statement's *grid
 loops*). A program of the kernel takes a tile of grid points and runs, for each statement in
 turn, the statement with its grid loops removed (the remaining loops run inside the program:
@@ -25,8 +26,49 @@ loops compute. A statement whose grid would be longer joins with its first grid 
 kernel's grid (the rest run inside each program) when it reads what the kernel wrote (the row
 softmax: a max over each row, then pointwise work on the row, then a sum, all one kernel); a
 kernel whose grid is longer than a following statement's is shortened to it on the same
-condition, never to no axis at all. Anything else starts a new kernel, so a later nest that reads
-what an earlier one wrote through another index pattern runs after it in its own kernel.
+condition, never to no axis at all; either way only when what each program then runs of every
+statement is *stages* (each loop nest a perfect chain over a loop-free body: pointwise work or a
+reduction a program tiles), not a parallel loop around another loop, which a program would run
+one iteration at a time. Anything else starts a new kernel, so a later nest that reads what an
+earlier one wrote through another index pattern runs after it in its own kernel.
+
+**Moving a statement up** (:func:`_hoist`). A statement that cannot join the last kernel joins
+the latest earlier kernel whose rules above accept it, provided it *conflicts* with none of the
+kernels after that one: two statements conflict when one writes a node the other reads or writes.
+Statements that do not conflict commute (each reads the same values and leaves the same values
+whichever runs first), so moving it above kernels it does not conflict with computes what the
+routine's order computes; a statement conflicting with a kernel stops the search there. This is
+how a pointwise gradient joins the epilogue of the contraction producing its input when other
+kernels were emitted between them. Statements using a local declared at the top level stay put.
+
+**Which kernels share a launch** (:func:`group`). Kernels conflict as statements do (one writes a
+node the other reads or writes; nodes, not cells, so the test is conservative). A launch
+finishes, all its stores visible, before the next starts: that is the only synchronization
+between programs a GPU has. Kernels are grouped so that running launches one after the other is
+running the kernels in order:
+
+1. *Segments.* A launch's programs are its segments' programs one after the other (program
+   ``p`` is program ``p - start`` of the segment whose range holds it). No two segments of a
+   launch conflict, so no program reads or overwrites a cell that a program of another segment
+   writes, and the programs may run in any order or at once, as the programs of one kernel may
+   (the signature rule).
+2. *Chains.* A segment of several kernels requires that each runs a single program: that one
+   program runs them in order, with a barrier before a kernel that conflicts with one since the
+   previous barrier (a barrier makes the program's stores visible to all its threads). One
+   program running the kernels in order is the routine's order.
+3. *Order.* Kernels are taken in routine order; each joins the launch being formed when every
+   earlier kernel it conflicts with runs in an earlier launch, or, for a single-program kernel,
+   in single-program segments of this launch, which are then merged into one chain that it
+   ends. A kernel that cannot join waits for a later launch, and so does every later kernel
+   conflicting with it: a kernel only ever moves before kernels it does not conflict with. So
+   the launches run the kernels in an order that keeps every conflicting pair in routine order.
+
+Each launch thus takes every kernel that can run as soon as what it depends on has run: the
+optimizer's updates of all parameters (independent of each other) become segments of one
+launch, so do the gradient kernels of a layer's weight and bias, and every single-program kernel
+of a small model folds into one chain. Segments are listed longest programs first (a GPU starts
+programs roughly in order of their number). :func:`launch_hazards` checks a grouping against
+these rules (the tests run it on the training steps). Metal launches the kernels one by one.
 
 **Contractions** (:class:`Contraction`): a nest ``c[I] (:= 0;) for k..: c[I] += a * b`` whose
 ``a`` and ``b`` split the grid loops into rows (in ``a`` only) and columns (in ``b`` only) and
@@ -379,14 +421,34 @@ def partition(body: Stmt) -> list[Kernel]:
             current.parts.append(_place(stmt, []) if not isinstance(stmt, Fill) else Part(stmt, (), stmt, frozenset()))
             current.comments.extend(comments)
         elif current is None or not _join(current, stmt, comments):
-            current = _new_kernel(stmt, comments)
-            kernels.append(current)
+            if not _hoist(kernels, stmt, comments, set(last_use)):
+                current = _new_kernel(stmt, comments)
+                kernels.append(current)
         if isinstance(stmt, DeclareLocal):
             current.locals.add(stmt.local)
         comments = []
     if comments and kernels:
         kernels[-1].comments.extend(comments)
     return kernels
+
+
+def _hoist(kernels: list[Kernel], stmt: Stmt, comments: list[str], top_locals: set) -> bool:
+    """Add ``stmt`` to an earlier kernel than the last (module docstring, "Moving a statement
+    up"): the latest one it may join, provided it conflicts with no kernel after that one."""
+    if isinstance(stmt, (DeclareLocal, SetLocal)) or any(
+            isinstance(x, GetLocal) and x.local in top_locals for s in iter_stmts(stmt) for e in stmt_exprs(s)
+            for x in iter_exprs(e)):
+        return False  # a top-level local lives in the kernel of its declaration
+    reads, writes = set(), set()
+    for a in accesses(stmt, fills=True):
+        (writes if a.write else reads).add(a.node)
+    nodes = (frozenset(reads), frozenset(writes))
+    for j in range(len(kernels) - 2, -1, -1):
+        if conflicts(nodes, kernel_nodes(kernels[j + 1])):
+            return False
+        if _join(kernels[j], stmt, comments):
+            return True
+    return False
 
 
 def _last_uses(statements: list[Stmt]) -> dict:
@@ -446,11 +508,14 @@ def _join(kernel: Kernel, stmt: Stmt, comments: list[str]) -> bool:
     if not depends or own_contraction is not None:
         return False
     if len(loops) > n >= 1 and _extents(loops[:n]) == kernel.extents:
-        return _append(kernel, _place(stmt, loops[:n]), comments)
+        part = _place(stmt, loops[:n])
+        return _stages(part.body) and _append(kernel, part, comments)
     m = len(loops)
     if 1 <= m < n and kernel.extents[:m] == _extents(loops):
         shortened = [Part(p.stmt, p.grid[:m], without_loops(p.stmt, p.grid[:m]), p.scatter) for p in kernel.parts]
         part = _place(stmt, loops)
+        if not all(_stages(p.body) for p in shortened + [part]):
+            return False
         if not signature_ok([(p.stmt, p.grid, p.scatter) for p in shortened + [part]], m):
             return False
         kernel.parts[:] = shortened
@@ -459,6 +524,23 @@ def _join(kernel: Kernel, stmt: Stmt, comments: list[str]) -> bool:
         kernel.comments.extend(comments)
         return True
     return False
+
+
+def _stages(body: Stmt) -> bool:
+    """Whether what a statement runs inside each program is stages a program can tile: each
+    loop nest a perfect chain over a body without loops (a pointwise stage or a reduction; loops
+    in local scopes aside). A parallel loop around another loop would run one iteration at a
+    time instead."""
+    for s in body.stmts if isinstance(body, Seq) else (body,):
+        if isinstance(s, For) and _nests_loop(loop_chain(s)[1]):
+            return False
+    return True
+
+
+def _nests_loop(body: Stmt) -> bool:
+    if isinstance(body, For):
+        return True
+    return isinstance(body, Seq) and any(_nests_loop(s) for s in body.stmts)
 
 
 def _writes_read(kernel: Kernel, stmt: Stmt) -> set[TNode]:
@@ -476,3 +558,120 @@ def _append(kernel: Kernel, part: Part, comments: list[str]) -> bool:
     return True
 
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Launches
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Kernels run by one launch (module docstring, "Which kernels share a launch"): each of
+    ``segments`` is a run of kernel numbers (positions in :func:`partition`'s list). The
+    launch's programs are its segments' programs one after the other; every program of a
+    segment runs the segment's kernels in order (more than one only when each runs a single
+    program: a *chain*)."""
+
+    segments: tuple[tuple[int, ...], ...]
+
+    @property
+    def kernels(self) -> tuple[int, ...]:
+        return tuple(k for segment in self.segments for k in segment)
+
+
+def kernel_nodes(kernel: Kernel) -> tuple[frozenset[TNode], frozenset[TNode]]:
+    """The nodes ``kernel`` reads and those it writes (fills and atomic updates included)."""
+    reads: set[TNode] = set()
+    writes: set[TNode] = set()
+    for p in kernel.parts:
+        for a in accesses(p.stmt, fills=True):
+            (writes if a.write else reads).add(a.node)
+    return frozenset(reads), frozenset(writes)
+
+
+def conflicts(a: tuple[frozenset[TNode], frozenset[TNode]], b: tuple[frozenset[TNode], frozenset[TNode]]) -> bool:
+    """Whether two kernels, given by :func:`kernel_nodes`, must keep their order: one writes a
+    node the other reads or writes."""
+    (reads_a, writes_a), (reads_b, writes_b) = a, b
+    return bool(writes_a & (reads_b | writes_b) or writes_b & reads_a)
+
+
+def group(kernels: list[Kernel], programs: list[int]) -> list[Launch]:
+    """The launches running ``kernels`` (in :func:`partition`'s order; ``programs[i]``: how many
+    programs kernel ``i`` runs), in launch order, by the rules of the module docstring."""
+    nodes = [kernel_nodes(k) for k in kernels]
+    earlier = [[d for d in range(i) if conflicts(nodes[d], nodes[i])] for i in range(len(kernels))]
+    placed: set[int] = set()
+    launches: list[Launch] = []
+    while len(placed) < len(kernels):
+        segments: list[list[int]] = []
+        segment_of: dict[int, int] = {}
+        for i in range(len(kernels)):
+            if i in placed:
+                continue
+            pending = [d for d in earlier[i] if d not in placed]
+            if any(d not in segment_of for d in pending):
+                continue  # it waits for a kernel that a later launch runs
+            joined = sorted({segment_of[d] for d in pending})
+            if not joined:
+                segments.append([i])
+            elif programs[i] == 1 and all(programs[k] == 1 for s in joined for k in segments[s]):
+                chain = [k for s in joined for k in segments[s]] + [i]
+                for s in reversed(joined[1:]):
+                    del segments[s]
+                segments[joined[0]] = chain
+            else:
+                continue
+            segment_of = {k: s for s, segment in enumerate(segments) for k in segment}
+        # Longest programs first: a GPU starts programs roughly in order of their number, so a
+        # long single-program chain starts at once instead of running on after the rest.
+        segments.sort(key=lambda s: -sum(iterations(kernels[k]) / max(programs[k], 1) for k in s))
+        launches.append(Launch(tuple(tuple(s) for s in segments)))
+        placed.update(segment_of)
+    return launches
+
+
+def iterations(kernel: Kernel) -> int:
+    """How many times the kernel's innermost statements run in all (its work, roughly)."""
+    def count(stmt: Stmt) -> int:
+        match stmt:
+            case For(extent=extent, body=body):
+                return extent * count(body)
+            case Seq(stmts=stmts):
+                return sum(count(s) for s in stmts)
+        inner = [x.body for e in stmt_exprs(stmt) for x in iter_exprs(e) if isinstance(x, LocalScope)]
+        return 1 + sum(count(b) for b in inner)
+
+    return sum(count(p.stmt) for p in kernel.parts)
+
+
+def launch_hazards(kernels: list[Kernel], programs: list[int], launches: list[Launch]) -> list[str]:
+    """What makes ``launches`` differ from running ``kernels`` one after another in order, when
+    the programs of a launch run in any order or at once (none: the grouping is sound). Checks
+    that every kernel runs exactly once, that two conflicting kernels run in their order (in
+    launches one after the other, or in that order in one chain), that segments of a launch do
+    not conflict, and that only single-program kernels share a segment."""
+    nodes = [kernel_nodes(k) for k in kernels]
+    where: dict[int, tuple[int, int, int]] = {}
+    problems: list[str] = []
+    for n, launch in enumerate(launches):
+        for s, segment in enumerate(launch.segments):
+            if len(segment) > 1 and any(programs[k] != 1 for k in segment):
+                problems.append(f"launch {n}: segment {list(segment)} chains a kernel of several programs")
+            for position, k in enumerate(segment):
+                if k in where:
+                    problems.append(f"kernel {k} runs twice")
+                where[k] = (n, s, position)
+    problems += [f"kernel {k} never runs" for k in range(len(kernels)) if k not in where]
+    for j in range(len(kernels)):
+        for i in range(j):
+            if i not in where or j not in where or not conflicts(nodes[i], nodes[j]):
+                continue
+            (li, si, pi), (lj, sj, pj) = where[i], where[j]
+            if li < lj or (li == lj and si == sj and pi < pj):
+                continue
+            if li == lj and si != sj:
+                problems.append(f"launch {li}: kernels {i} and {j} conflict in different segments")
+            else:
+                problems.append(f"kernel {j} runs before kernel {i}, with which it conflicts")
+    return problems

@@ -10,6 +10,17 @@ unit-stride, the outermost reduction loop blocked for the cache. Each cell still
 in the interpreter's order, so results stay bit-identical; only which cell is worked on when
 changes. A sum in blocks (summation.py) is tiled as it is written.
 
+**Packed GEMM** (:class:`GemmPlan`, :func:`plan_gemm`): on a target that runs them (the C backend
+tells :func:`plan_contraction` the width of its vector registers), a float32 contraction whose
+term is the product of two loads, some result loops read by one only (rows) and some by the
+other only (columns), runs as a BLIS-style GEMM: matmul, batched matmul, both of their
+gradients, attention's einsums, convolutions as implicit GEMMs. Panels of both operands are
+packed into contiguous buffers, in cache blocks ``mc x kc x nc`` (:data:`GEMM_BLOCKING`), for an
+``mr x nr`` micro-kernel of vector registers (:data:`GEMM_TILES`). The micro-kernel
+adds each cell's terms in their order, and starts each block of the summation order
+(ocannl/lowlevel/summation.py) from zero before adding it to the cell, which is exactly how the
+interpreter sums: ``kc`` is a multiple of the block, so a block never straddles two panels.
+
 **Parallel loops** (:func:`parallel_safe`, :data:`PARALLEL_MIN_WORK`): a parallel loop whose
 iterations write disjoint cells and read no cell another iteration writes may run on threads;
 it is worth it from :data:`PARALLEL_MIN_WORK` innermost iterations.
@@ -18,13 +29,15 @@ it is worth it from :data:`PARALLEL_MIN_WORK` innermost iterations.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from ocannl.lowlevel import dtypes
+from ocannl.lowlevel.analysis import affine_form, loop_chain, row_major_offset, substitute_index
 from ocannl.lowlevel.dtypes import DType
-from ocannl.lowlevel.indexing import AxisIndex, Iter, Symbol
+from ocannl.lowlevel.indexing import Affine, AnySymbol, AxisIndex, Iter, Symbol, index_symbols
 from ocannl.lowlevel.ir import (
-    Const, Expr, Fill, For, GetLocal, Load, LoadDynamic, LocalScope, LoopKind, Stmt, Store, StoreDynamic, iter_exprs,
-    iter_stmts, stmt_exprs, total_over_executions,
+    Binary, Const, Expr, Fill, For, GetLocal, Load, LoadDynamic, LocalScope, LoopKind, Seq, SetLocal, Stmt, Store,
+    StoreDynamic, iter_exprs, iter_stmts, stmt_exprs, total_over_executions,
 )
 from ocannl.lowlevel.scalar_ops import Binop
 from ocannl.lowlevel.schedule import block_terms, blocked_reduction_of, reduction_of
@@ -48,6 +61,113 @@ adder latency that an in-order sum per cell would otherwise expose."""
 REDUCTION_BLOCK = 128
 """The reduction steps a tile runs before moving on to the next tile (cache blocking of the
 outermost reduction loop)."""
+
+
+GEMM_TILES: dict[int, tuple[int, int]] = {64: (6, 32), 32: (6, 16), 16: (6, 8), 0: (4, 4)}
+"""The micro-kernel's ``mr x nr`` float32 cells by the width of the target's vector registers in
+bytes (0: scalar code). ``mr`` rows of two vectors each: 12 vector accumulators, two vectors of
+the packed B row and one broadcast A value fill the 16 registers of AVX2 or SSE, leaving the
+multiplies and adds (unfused: the interpreter rounds each) independent enough to keep both FP
+multiply and both FP add pipes of a core busy. Scalar code gets 16 accumulators."""
+
+GEMM_BLOCKING = (144, 256, 512)
+"""``(mc, kc, nc)`` of the packed GEMM, for cores with a 32 KiB L1 data cache and at least 512
+KiB of L2 (x86-64 since Haswell/Zen, recent ARM cores): a ``kc x nr`` micro-panel of B (16 KiB
+at nr = 16) stays in L1 while the micro-kernel streams an ``mr x kc`` micro-panel of A; the
+``mc x kc`` block of A (144 KiB) stays in L2 while it meets every micro-panel of the ``kc x nc``
+panel of B (512 KiB, in L2 or L3). ``kc`` is a multiple of the summation order's block (64
+terms), so the blocks of every cell fall whole into one panel. The buffers live on each
+thread's stack: at most ``(mc + nc) * kc`` floats, 656 KiB."""
+
+GEMM_MIN_WORK = 1 << 15
+"""Multiply-adds from which a GEMM-class contraction is packed: below it, packing costs more than
+it saves and the register tiles of :class:`ContractionPlan` do the work."""
+
+GEMM_PARALLEL_MIN_WORK = 1 << 23
+"""Multiply-adds from which a packed GEMM runs on threads. A packed GEMM does a multiply-add in
+about 5 ps on one core, far faster than the loops :data:`PARALLEL_MIN_WORK` is sized for, and
+its threads each pack their own panels: below this (about 40 us of work; an MLP step's 64 x 256
+x 256 products measured faster on one thread) waking them and packing twice costs more than the
+other cores give."""
+
+GEMM_MIN_TILES = (2, 1)
+"""Whole micro-kernel tiles a packed GEMM needs down its rows and across its columns: a product
+narrower than one tile (10 classes against an ``nr`` of 32) would only run edge tiles, through a
+buffer, on lanes mostly padding, slower than register tiles (measured: 64 x 128 x 16 in 8 us
+packed, 3 us in register tiles)."""
+
+
+Loops = tuple[tuple[Symbol, int], ...]
+
+
+@dataclass(frozen=True)
+class MicroKernel:
+    """What tells two GEMM micro-kernels apart (a source prints each once): the ``mr x nr``
+    tile, ``lanes`` floats per vector (1: scalar), the summation order (``block``: each
+    ``block`` terms summed from zero, then added to the cell; ``None``: the terms added to the
+    cell one by one) and the operand order of the product (``a_first``: ``a * b``)."""
+
+    mr: int
+    nr: int
+    lanes: int
+    block: int | None
+    a_first: bool
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    """A contraction as a packed GEMM (module docstring; printed by ``ocannl/backends/codegen.py``
+    with the micro-kernels of ``ocannl/backends/c/gemm.py``).
+
+    For each iteration of the ``outer`` loops (the loops both factors use, such as a batch),
+    ``C[row, col] op= A(row, k) * B(k, col)`` over ``k < K``: ``a`` and ``b`` are the two factor
+    loads, ``a`` reading the ``rows`` loops and not the ``cols`` ones, ``b`` the other way round.
+    Each of ``rows``, ``cols`` and ``k`` is a tuple of loops read as the digits of one flat index,
+    row-major (the first loop the slowest); ``k``'s flat order is each cell's order of terms.
+    ``a_first``: the term is ``a * b`` (else ``b * a``; the kernel keeps the operand order).
+    ``block``: every ``block`` consecutive terms are summed from zero and the sum is added to the
+    cell (``None``: the terms are added to the cell one by one). ``c_strides``: the strides of
+    the result between flat rows and between flat columns, when both are linear (else every tile
+    goes through a buffer). ``a_k_unit``/``b_k_unit``: the operand is contiguous along the last
+    ``k`` loop (packing then reads along ``k``). ``mr x nr`` cells per micro-kernel, ``lanes``
+    floats per vector (1: scalar), ``mc x kc x nc`` cache blocks. ``parallel``: worth threads
+    (:data:`GEMM_PARALLEL_MIN_WORK`)."""
+
+    outer: Loops
+    rows: Loops
+    cols: Loops
+    k: Loops
+    a: Load
+    b: Load
+    a_first: bool
+    block: int | None
+    c_strides: tuple[int, int] | None
+    a_k_unit: bool
+    b_k_unit: bool
+    mr: int
+    nr: int
+    lanes: int
+    mc: int
+    kc: int
+    nc: int
+    parallel: bool
+
+    @property
+    def m(self) -> int:
+        return math.prod(n for _, n in self.rows)
+
+    @property
+    def n(self) -> int:
+        return math.prod(n for _, n in self.cols)
+
+    @property
+    def depth(self) -> int:
+        """``K``, the terms of a cell."""
+        return math.prod(n for _, n in self.k)
+
+    @property
+    def kernel(self) -> MicroKernel:
+        return MicroKernel(self.mr, self.nr, self.lanes, self.block, self.a_first)
 
 
 @dataclass(frozen=True)
@@ -83,6 +203,8 @@ class ContractionPlan:
     """The reduction in blocks (ocannl/lowlevel/summation.py): loops around leaf stores
     ``out[I] := out[I] + v { loops { v := v op term } }``; each leaf sums its block from zero in
     the tile's registers and adds it to the cell (``reductions`` is then empty)."""
+    gemm: GemmPlan | None = None
+    """Set when the contraction runs as a packed GEMM instead of register tiles."""
 
     @property
     def work(self) -> int:
@@ -94,9 +216,11 @@ class ContractionPlan:
         return self.scope.local.dtype if self.scope is not None else self.store.tnode.dtype.compute
 
 
-def plan_contraction(loop: For) -> ContractionPlan | None:
+def plan_contraction(loop: For, vector_bytes: int | None = None) -> ContractionPlan | None:
     """The register-tiling plan of the nest headed by ``loop``, or ``None`` when it is not a
-    contraction worth tiling.
+    contraction worth tiling. ``vector_bytes``: the width of the target's vector registers (0:
+    none) when it runs packed GEMMs (C; ``None``: it does not), which then sets
+    :attr:`ContractionPlan.gemm` where :func:`plan_gemm` finds one.
 
     A contraction accumulates into one cell per iteration of its *parallel* loops, the loops
     that index the written cell, over its *reduction* loops. Three forms reach the emitter, read
@@ -113,6 +237,14 @@ def plan_contraction(loop: For) -> ContractionPlan | None:
     cells can be computed in any order, and in registers, as long as each cell's own steps keep
     their order: reduction loops stay in their nest order, inside the parallel ones.
     """
+    plan = _plan_contraction(loop)
+    if plan is None or vector_bytes is None:
+        return plan
+    gemm = plan_gemm(plan, vector_bytes)
+    return plan if gemm is None else replace(plan, gemm=gemm)
+
+
+def _plan_contraction(loop: For) -> ContractionPlan | None:
     blocked = _plan_blocked_contraction(loop)
     if blocked is not None:
         return blocked
@@ -198,6 +330,202 @@ def _plan_blocked_contraction(loop: For) -> ContractionPlan | None:
         init=found.init,
         blocks=found.blocks,
     )
+
+
+def plan_gemm(plan: ContractionPlan, vector_bytes: int) -> GemmPlan | None:
+    """The packed-GEMM plan of a register-tiled contraction, or ``None`` when it is not
+    GEMM-class or too small (module docstring, :data:`GEMM_MIN_WORK`).
+
+    GEMM-class: float32 cells, accumulator and operands; a sum (``+``) of ``x * y`` where ``x``
+    and ``y`` are loads; some parallel loops read by ``x`` only (the rows), some by ``y`` only
+    (the columns; the loops both read, or neither, run around the GEMM); the reduction in loop
+    order, or in blocks of the summation order that are whole iterations of its loops (one leaf
+    of blocks, or blocks of one loop with a shorter last one; not blocks of blocks, beyond 64 x
+    64 terms). An inlined reduction (``out[I] := f(v)``) must fit one ``kc`` panel, since its
+    running sum lives in the micro-kernel's tile only."""
+    if plan.work < GEMM_MIN_WORK or plan.op is not Binop.ADD:
+        return None
+    out = plan.store.tnode
+    if out.dtype is not dtypes.float32 or plan.accumulator_dtype is not dtypes.float32:
+        return None
+    if plan.init is not None and not isinstance(plan.init.value, float):
+        return None
+    flat = _flat_terms(plan)
+    if flat is None:
+        return None
+    k, term, block = flat
+    if not (isinstance(term, Binary) and term.op is Binop.MUL and term.dtype is dtypes.float32):
+        return None
+    x, y = term.a, term.b
+    if not all(isinstance(f, Load) and f.dtype is dtypes.float32 for f in (x, y)):
+        return None
+    x_symbols = {s for i in x.indices for s in index_symbols(i)}
+    y_symbols = {s for i in y.indices for s in index_symbols(i)}
+    x_only = tuple(p for p in plan.parallel if p[0] in x_symbols and p[0] not in y_symbols)
+    y_only = tuple(p for p in plan.parallel if p[0] in y_symbols and p[0] not in x_symbols)
+    if not x_only or not y_only:
+        return None
+    c_terms = affine_form(row_major_offset(plan.store.indices, out.dims))[0]
+    c_coefficient = {s: c for c, s in c_terms}
+    # Columns: the side holding the result's contiguous loop, so whole tiles store vectors.
+    if any(c_coefficient.get(s) == 1 for s, _ in x_only) and not any(c_coefficient.get(s) == 1 for s, _ in y_only):
+        a, b, rows, cols, a_first = y, x, y_only, x_only, False
+    else:
+        a, b, rows, cols, a_first = x, y, x_only, y_only, True
+    outer = tuple(p for p in plan.parallel if p not in rows and p not in cols)
+    n_k = math.prod(n for _, n in k)
+    mr, nr = GEMM_TILES.get(vector_bytes, GEMM_TILES[0])
+    if math.prod(n for _, n in rows) < GEMM_MIN_TILES[0] * mr or math.prod(n for _, n in cols) < GEMM_MIN_TILES[1] * nr:
+        return None
+    mc, kc, nc = GEMM_BLOCKING  # whole tiles per block, whole summation blocks per panel
+    unit = block or 1
+    mc, nc, kc = max(mr, mc // mr * mr), max(nr, nc // nr * nr), max(unit, kc // unit * unit)
+    if plan.scope is not None and n_k > kc:
+        return None
+    row_stride, col_stride = _flat_stride(rows, c_coefficient), _flat_stride(cols, c_coefficient)
+    return GemmPlan(
+        outer=outer,
+        rows=rows,
+        cols=cols,
+        k=k,
+        a=a,
+        b=b,
+        a_first=a_first,
+        block=block,
+        c_strides=(row_stride, col_stride) if row_stride is not None and col_stride is not None else None,
+        a_k_unit=_stride(a, k[-1][0]) == 1,
+        b_k_unit=_stride(b, k[-1][0]) == 1,
+        mr=mr,
+        nr=nr,
+        lanes=vector_bytes // 4 if vector_bytes in GEMM_TILES and vector_bytes else 1,
+        mc=mc,
+        kc=kc,
+        nc=nc,
+        parallel=plan.work >= GEMM_PARALLEL_MIN_WORK,
+    )
+
+
+def _flat_stride(loops: Loops, coefficient: dict[AnySymbol, int]) -> int | None:
+    """The stride between consecutive flat indices of ``loops`` (row-major) in a buffer whose
+    offset has these coefficients, when the offset is linear in the flat index, else ``None``."""
+    stride = coefficient.get(loops[-1][0], 0)
+    expected = stride
+    for (s, _), (_, n_inner) in zip(reversed(loops[:-1]), reversed(loops[1:])):
+        expected *= n_inner
+        if coefficient.get(s, 0) != expected:
+            return None
+    return stride
+
+
+def _stride(load: Load, symbol: AnySymbol) -> int:
+    """How far apart in ``load``'s buffer two consecutive values of ``symbol`` read."""
+    terms, _ = affine_form(row_major_offset(load.indices, load.tnode.dims))
+    return sum(c for c, s in terms if s is symbol)
+
+
+def _flat_terms(plan: ContractionPlan) -> tuple[Loops, Expr, int | None] | None:
+    """``(k, term, block)``: a contraction's terms as one function of the loops ``k``, whose
+    row-major flat index is each cell's order of terms, and the summation order's block
+    (``None``: in loop order), or ``None`` when its blocks are not ``block`` consecutive terms
+    each (the last may be shorter) reading the same operands at the same flat positions."""
+    if plan.blocks is None:
+        return plan.reductions, plan.term, None
+    tops = plan.blocks.stmts if isinstance(plan.blocks, Seq) else (plan.blocks,)
+    if len(tops) == 1:  # one leaf in loops: the loops and the leaf's are the digits of k
+        chain, leaf = loop_chain(tops[0])
+        found = _block_leaf(leaf)
+        if found is None:
+            return None
+        inner, term = found
+        loops = tuple((f.symbol, f.extent) for f in (*chain, *inner))
+        return loops, term, math.prod(f.extent for f in inner)
+    return _one_loop_blocks(tops)
+
+
+def _one_loop_blocks(tops: tuple[Stmt, ...]) -> tuple[Loops, Expr, int] | None:
+    """The blocks of one reduction loop cut into leaves (a loop of whole blocks, a shorter last
+    one): the terms rewritten over the first leaf's loop as the flat index, when every leaf
+    reads the same operands at the same flat positions."""
+    leaves: list[tuple[For | None, For, Expr]] = []  # (loop over blocks, loop over a block's terms, term)
+    for top in tops:
+        outer = top if isinstance(top, For) else None
+        found = _block_leaf(top.body if outer is not None else top)
+        if found is None or len(found[0]) != 1:
+            return None
+        leaves.append((outer, found[0][0], found[1]))
+    block = leaves[0][1].extent
+    k = leaves[0][1].symbol
+    term: Expr | None = None
+    start = 0
+    for n, (outer, inner, leaf_term) in enumerate(leaves):
+        last = n == len(leaves) - 1
+        if inner.extent > block or (inner.extent < block and (not last or outer is not None)):
+            return None
+        # The leaf's own loops as the flat index: inner = k - start - block * outer.
+        flat_index = Affine(((1, k), *(((-block, outer.symbol),) if outer is not None else ())), -start)
+        flat = _substituted(leaf_term, {inner.symbol: flat_index})
+        if flat is None or (outer is not None and _uses(flat, outer.symbol)):
+            return None
+        if term is None:
+            term = flat
+        elif _key(flat) != _key(term):
+            return None
+        start += inner.extent * (outer.extent if outer is not None else 1)
+    return ((k, start),), term, block
+
+
+def _block_leaf(leaf: Stmt) -> tuple[list[For], Expr] | None:
+    """``(loops, term)`` of a leaf of the summation order's blocks, ``cell := cell + v { loops {
+    v := v + term } }`` (or the same into the inlined reduction's variable), when its block is
+    loops of terms (not blocks of blocks)."""
+    if not isinstance(leaf, (Store, SetLocal)) or not isinstance(leaf.value, Binary):
+        return None
+    scope = leaf.value.b
+    if not isinstance(scope, LocalScope):
+        return None
+    body = scope.body.stmts if isinstance(scope.body, Seq) else (scope.body,)
+    if len(body) != 1 or not isinstance(body[0], For):
+        return None
+    loops, step = loop_chain(body[0])
+    if not (isinstance(step, SetLocal) and step.local is scope.local and isinstance(step.value, Binary)
+            and step.value.op is Binop.ADD and step.value.a == GetLocal(scope.local)):
+        return None
+    if any(isinstance(e, (LocalScope, GetLocal)) for e in iter_exprs(step.value.b)):
+        return None
+    return loops, step.value.b
+
+
+def _substituted(term: Expr, env: dict[AnySymbol, AxisIndex]) -> Expr | None:
+    """``term`` with the symbols of ``env`` replaced in its loads' indices, when it is a product
+    of loads (the only terms a GEMM takes), else ``None``."""
+    match term:
+        case Binary(op=op, a=a, b=b):
+            x, y = _substituted(a, env), _substituted(b, env)
+            return None if x is None or y is None else Binary(op, x, y)
+        case Load(tnode=node, indices=indices, oob_value=oob):
+            return Load(node, tuple(substitute_index(i, env) for i in indices), oob)
+    return None
+
+
+def _uses(term: Expr, symbol: AnySymbol) -> bool:
+    return any(symbol in index_symbols(i) for e in iter_exprs(term) if isinstance(e, Load) for i in e.indices)
+
+
+def _key(term: Expr) -> object:
+    """``term`` compared up to the order of the terms within its affine indices."""
+    match term:
+        case Binary(op=op, a=a, b=b):
+            return (op, _key(a), _key(b))
+        case Load(tnode=node, indices=indices, oob_value=oob):
+            forms = []
+            for i in indices:
+                terms, offset = affine_form(i)
+                merged: dict[AnySymbol, int] = {}
+                for c, s in terms:
+                    merged[s] = merged.get(s, 0) + c
+                forms.append((frozenset((s, c) for s, c in merged.items() if c), offset))
+            return (id(node), tuple(forms), oob)
+    return term
 
 
 def _choose_cols(

@@ -4,6 +4,11 @@
 ``<routine>-unoptimized.ll`` and its output as ``<routine>.ll``. It composes passes that can each
 be run and tested alone:
 
+0. :func:`~ocannl.lowlevel.overwrite.fold_fills` — a fill whose node the next access writes in
+   every cell moves into that write: a gradient's zero fill into its first contribution, which
+   then overwrites instead of adding to zeros. It runs first, so that a gradient which only
+   passes another's values on (``a.grad[I] := 0.0 + b.grad[I]``) is a copy that
+   :func:`virtualize` can inline.
 1. :func:`trace` — per node, which top-level statements write it and with which index patterns,
    where it is read, and whether some read may see a value from before the routine (then the node
    is a routine *input* and must persist).
@@ -11,6 +16,9 @@ be run and tested alone:
    by one loop nest whose store indices are a bijection of its loop indices (a pointwise nest, or
    a reduction nest with its reset) and read only after it, without a cell being computed twice,
    gets no buffer: each read ``n[J]`` becomes a local scope computing the value of that cell.
+   After it, :func:`~ocannl.lowlevel.overwrite.forward_stores`: a store that the next statement
+   overwrites goes, its value forwarded into the overwrite (a mean and its scaling: one store).
+   It runs after inlining, which shows the terms of the reductions it rewrites.
 3. :func:`simplify` — local scopes of one assignment collapse to their value; constants fold
    where IEEE arithmetic rounds exactly once (never libm functions); identities that hold bit for
    bit (``x * 1``, ``x / 1``, ``x - 0``, ``x + -0``, never ``x + 0`` nor ``x * 0``); affine
@@ -57,6 +65,7 @@ from ocannl.lowlevel.ir import (
     nesting, seq, stmt_exprs,
 )
 from ocannl.lowlevel.op_semantics import fold_binary, fold_unary
+from ocannl.lowlevel.overwrite import fold_fills, forward_stores
 from ocannl.lowlevel.rewrite import FreshCopy, Rewriter, rebuilt
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
 from ocannl.lowlevel.tnode import MemoryMode, TNode
@@ -65,11 +74,15 @@ from ocannl.lowlevel.tnode import MemoryMode, TNode
 def optimize(
     routine: RoutineIR, keep: Collection[TNode] | None = None, *, fast_math: bool | None = None
 ) -> RoutineIR:
-    """The optimized form of ``routine``: :func:`virtualize` (nodes outside ``keep``; ``None``:
-    :func:`materialized_nodes`), :func:`simplify`, :func:`eliminate_common_subexpressions`, and
-    under the fast setting (``fast_math``, else ``config.flag("fast_math")``) :func:`form_fma`."""
+    """The optimized form of ``routine``: :func:`~ocannl.lowlevel.overwrite.fold_fills`,
+    :func:`virtualize` (nodes outside ``keep``; ``None``: :func:`materialized_nodes`),
+    :func:`~ocannl.lowlevel.overwrite.forward_stores`, :func:`simplify`,
+    :func:`eliminate_common_subexpressions`, and under the fast setting (``fast_math``, else
+    ``config.flag("fast_math")``) :func:`form_fma`."""
     keep = materialized_nodes(routine) if keep is None else keep
+    routine = fold_fills(routine)
     routine = virtualize(routine, keep)
+    routine = forward_stores(routine)
     routine = simplify(routine)
     routine = eliminate_common_subexpressions(routine)
     if config.flag("fast_math", fast_math):
@@ -360,7 +373,8 @@ def virtualize(routine: RoutineIR, keep: Collection[TNode]) -> RoutineIR:
       axis, no padding);
     * no statement between a producer statement and a read writes what that statement reads;
     * inlining computes no cell twice: unless the producer is cheap (no loop of its own; it
-      stores constants and index values, or copies one load), one statement reads the node, at
+      stores constants and index values, or one load through negations, casts and arithmetic
+      with constants, such as a gradient's copy ``0.0 + g[I]``), one statement reads the node, at
       one index tuple (CSE merges the repeated reads), reaching each cell once (every loop around
       the read indexes its own axis). So an intermediate read by the forward and the backward
       code stays materialized, as the original's visit count decides.
@@ -567,21 +581,42 @@ def _plan(t: _Virtualization, node: TNode, keep: Collection[TNode]) -> _Plan | s
 
 def _cheap(node: TNode, producers: list[Stmt]) -> bool:
     """Whether recomputing ``node`` costs no more than reading it: its producer has no loop of
-    its own (nor its local scopes) and stores constants and index values, or copies one load."""
+    its own (nor its local scopes) and stores constants and index values, or one load through
+    operations whose other operands are constants (a copy, ``0.0 + g[i]``, ``-g[i]``,
+    ``0.5 * g[i]``: one operation per read instead of a buffer). A gradient that only passes
+    on another's values (docs/compiler.md, "Overwrites") is such a copy."""
     for stmt in producers:
         for s in iter_stmts(stmt):
             if isinstance(s, For) and s.symbol not in _bare_loop_symbols(stmt, node):
                 return False
             if isinstance(s, Store):
                 value = s.value
-                while isinstance(value, Cast):
-                    value = value.x
-                if isinstance(value, (Load, Const, EmbedIndex)):
+                if _one_load_chain(value):
                     continue
                 probe = SetLocal(Local(value.dtype), value)
                 if any(isinstance(e, (Load, LoadDynamic, LocalScope)) for x in stmt_exprs(probe) for e in iter_exprs(x)):
                     return False
     return True
+
+
+_CHEAP_BINOPS = frozenset({Binop.ADD, Binop.SUB, Binop.MUL, Binop.DIV, Binop.MAX, Binop.MIN})
+
+
+def _one_load_chain(e: Expr) -> bool:
+    """Whether ``e`` is a constant, an index value, or one load under casts, negations and
+    arithmetic operations with a constant operand."""
+    while True:
+        match e:
+            case Load() | Const() | EmbedIndex():
+                return True
+            case Cast(x=x) | Unary(op=Unop.NEG, x=x):
+                e = x
+            case Binary(op=op, a=Const(), b=b) if op in _CHEAP_BINOPS:
+                e = b
+            case Binary(op=op, a=a, b=Const()) if op in _CHEAP_BINOPS:
+                e = a
+            case _:
+                return False
 
 
 def _bare_loop_symbols(stmt: Stmt, node: TNode) -> set[AnySymbol]:

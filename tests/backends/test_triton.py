@@ -385,16 +385,18 @@ def test_the_large_gemms_of_an_mlp_step_fill_an_h100():
 
     ir = routines_of(_mlp_784_1024_1024_10)[-1]
     plans = [plan_kernel(k) for k in partition(ir.body)]
-    large = [p.grid for p in plans if isinstance(p, DotPlan) and min(p.m, p.n) >= 256]
-    assert len(large) == 5 and min(large) >= SM_COUNT
-    assert sorted(large) == sorted(k.grid for k in generate(ir).kernels if k.uses_dot and k.grid in large)
+    large = [n for n, p in enumerate(plans) if isinstance(p, DotPlan) and min(p.m, p.n) >= 256]
+    assert len(large) == 5 and min(plans[n].grid for n in large) >= SM_COUNT
+    # Grouped with other kernels or not, each runs the programs of its plan.
+    assert [generate(ir).programs[n] for n in large] == [plans[n].grid for n in large]
 
 
 @pytest.mark.slow
 def test_training_steps_compile_for_sm_90_without_spills():
-    """Every kernel of the MLP step compiles with a launch's alignment and spills nothing
-    (compile_for_gpu fails on a spill)."""
-    assert compile_for_gpu([generate(routines_of(_mlp_784_1024_1024_10)[-1])])
+    """Every kernel of the MLP, moons and transformer-block steps (grouped launches included)
+    compiles with a launch's alignment and spills nothing (compile_for_gpu fails on a spill)."""
+    builds = [_mlp_784_1024_1024_10, _moons_step, _transformer_block_step]
+    assert compile_for_gpu([generate(routines_of(build)[-1]) for build in builds])
 
 
 def _moons_step():
@@ -432,6 +434,106 @@ def test_transformer_block_gradients_with_tiled_subtractions_match_the_interpret
         return _transformer_block_step()[:1]  # Adam would amplify a reordered 1e-9 into a step
 
     assert testing.compare(build, ["triton"]) == []
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Launches: kernels grouped (ocannl/backends/partition.py, "Which kernels share a launch")
+
+
+@pytest.mark.parametrize(("build", "most"), [(_moons_step, 8), (_mlp_784_1024_1024_10, 10),
+                                             (_transformer_block_step, 20)],
+                         ids=["moons", "mlp-784-1024-1024-10", "transformer-block"])
+def test_training_steps_launch_few_kernels_soundly(build, most):
+    """A training step's kernels run in at most ``most`` launches (before grouping: 18, 20 and 63),
+    and the grouping passes the static check: no two segments of a launch touch a node one of
+    them writes, conflicting kernels keep their order, chains are of single-program kernels."""
+    from ocannl.backends.partition import launch_hazards, partition
+
+    ir = routines_of(build)[-1]
+    source = generate(ir)
+    assert len(source.kernels) == len(source.launches) <= most
+    assert launch_hazards(partition(ir.body), list(source.programs), list(source.launches)) == []
+    for kernel, launch in zip(source.kernels, source.launches):
+        assert kernel.grid == sum(source.programs[segment[0]] for segment in launch.segments)
+
+
+def test_single_program_kernels_run_as_one_chain_with_barriers():
+    """The moons step's kernels each run one program: the step is one launch whose first program
+    calls them in order (the others run kernels independent of them), a barrier before each that
+    reads or overwrites what an earlier one since the last barrier touched."""
+    source = module_of(_moons_step)
+    (launch,) = source.launches
+    chain = launch.segments[0]  # the longest program comes first
+    assert len(chain) > 5 and all(source.programs[k] == 1 for k in chain)
+    (kernel,) = source.kernels
+    body = kernel.text.split(f"def {kernel.name}(")[1]
+    first = body.split("elif")[0]
+    steps = re.findall(r"^        (tl\.debug_barrier|\w+)\(", first, flags=re.M)
+    calls = [step for step in steps if step != "tl.debug_barrier"]
+    assert len(calls) == len(chain) and steps[0] != "tl.debug_barrier" and "tl.debug_barrier" in steps
+    assert kernel.grid == len(launch.segments) and "if pid < 1:" in body
+
+
+def _sgd_on_wide_layers():
+    """An MLP over 64 features with a 64-wide hidden layer, one SGD step: its three updates are
+    independent of each other."""
+    x = oc.tensor(data(16, 64, seed=3), batch=1, label="x")
+    target = oc.tensor(data(16, 64, seed=4), batch=1, label="target")
+    diff = nn.mlp(hid_dims=(64,), label="wide")(x) - target
+    update = train.grad_update((diff * diff).mean(label="loss"))
+    return [update, train.sgd_update(update, lr=0.1)]
+
+
+def test_independent_kernels_run_as_segments_of_one_launch():
+    """Kernels that touch nothing another writes share launches (the output layer's weight
+    gradient and update beside the gradient flowing back and the loss; the first layer's weight
+    and bias gradients): each launch's programs are its segments' programs one after the other
+    (``pid - start``); the step matches the interpreter."""
+    source = module_of(_sgd_on_wide_layers)
+    wide = [launch for launch in source.launches
+            if sum(source.programs[s[0]] > 1 for s in launch.segments) >= 2]
+    assert wide, [launch.segments for launch in source.launches]
+    grouped = [k for k in source.kernels if k.tiling == "group"]
+    assert grouped and all(re.search(r"elif pid < \d+:\n        \w+\(pid - \d+, ", k.text) for k in grouped)
+    assert testing.compare(_sgd_on_wide_layers, ["triton"]) == []
+
+
+@pytest.fixture
+def programs_in_reverse(monkeypatch):
+    """Triton's interpreter runs a launch's programs last to first: a program reading what a
+    later-numbered program of the same launch writes would then read another value."""
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    forward = builder.set_grid_idx
+
+    def backward(x, y, z):
+        nx, ny, nz = builder.grid_dim
+        forward(nx - 1 - x, ny - 1 - y, nz - 1 - z)
+
+    monkeypatch.setattr(builder, "set_grid_idx", backward)
+
+
+def _step_values(build) -> list[np.ndarray]:
+    session.reset()
+    oc.seed(0)
+    ctx = Context("triton")
+    tensors = build()
+    ctx.compile(*tensors).run()
+    return [ctx.get(p.value) for p in tensors[0].params] + [ctx.get(tensors[0].loss.value)]
+
+
+@pytest.mark.parametrize("build", [_transformer_block_step, _sgd_on_wide_layers], ids=["transformer-block", "sgd"])
+def test_grouped_launches_compute_the_same_in_any_program_order(build, request):
+    """The steps' launches (segments of up to 48 programs, chains) give the same bits when their
+    programs run in reverse order."""
+    forward = _step_values(build)
+    request.getfixturevalue("programs_in_reverse")
+    backward = _step_values(build)
+    assert len(forward) >= 4
+    for f, b in zip(forward, backward):
+        assert np.array_equal(f, b)
 
 
 def _reduce_rows(op: Binop, dtype: str, terms: int, low: float, high: float):
@@ -528,7 +630,7 @@ def test_row_softmax_is_one_kernel(row):
     assert testing.compare(build, ["triton"]) == []
 
 
-def test_static_index_symbols_are_kernel_arguments_and_compile_once():
+def test_static_index_symbols_are_read_from_the_symbol_table_and_compile_once():
     xs = data(6, 4, 3, seed=1)
     batch_n = oc.IndexSymbol("batch_n", 6)
     y = oc.tensor(xs, batch=2, label="xs")[batch_n] * 2.0
@@ -539,7 +641,8 @@ def test_static_index_symbols_are_kernel_arguments_and_compile_once():
         assert np.array_equal(ctx.get(y.value), xs[n] * np.float32(2.0))
     assert ctx.stats.compilations == 1
     text = generate(routine.ir).text
-    assert "do_not_specialize=['batch_n']" in text and "symbols[\"batch_n\"]" in text
+    # Not a scalar argument: the kernel loads it from the routine's int64 table, narrowed as it has a size.
+    assert "batch_n = tl.load(symbol_table + 0).to(tl.int32)" in text and "do_not_specialize" not in text
 
 
 def test_buffers_are_torch_tensors_and_values_come_back_as_numpy():
@@ -563,8 +666,9 @@ def test_take_out_of_range_raises():
     y = oc.take(table, ids)
     ctx = Context("triton")
     routine = ctx.compile(y)
+    routine.run()  # errors are checked lazily: the read raises
     with pytest.raises(OutOfBoundsError, match="outside its axis"):
-        routine.run()
+        ctx.get(y.value)
 
 
 def test_debug_dir_gets_the_generated_module(tmp_path):
@@ -688,6 +792,24 @@ def test_golden_triton_sources(name, update_golden):
     make = GOLDEN[name]
     source = module_of(lambda: [make()])
     check_golden(f"triton/{name}.triton.py", source.text, update_golden)
+    assert compile_for_gpu([source])
+
+
+def _golden_sgd_step():
+    """A linear layer over 1024 inputs, one SGD step: a single-program chain (the loss and its
+    gradient), independent gradient kernels and updates as segments of one launch."""
+    x = oc.tensor(np.zeros((8, 1024), np.float32), batch=1, label="x")
+    w = oc.param("w", output=4, input=1024, init=np.zeros((4, 1024), np.float32))
+    b = oc.param("b", output=4, init=np.zeros((4,), np.float32))
+    diff = w @ x + b - oc.tensor(np.zeros((8, 4), np.float32), batch=1, label="target")
+    update = train.grad_update((diff * diff).mean(label="loss"))
+    return [update, train.sgd_update(update, lr=0.1)]
+
+
+def test_golden_grouped_launches(update_golden):
+    source = module_of(_golden_sgd_step)
+    assert any(k.tiling == "group" for k in source.kernels)
+    check_golden("triton/sgd_step.triton.py", source.text, update_golden)
     assert compile_for_gpu([source])
 
 

@@ -11,12 +11,12 @@ child (use the ``spawn`` start method of multiprocessing), or set ``OCANNL_C_OPE
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ocannl.backends.base import at_step
 from ocannl.backends.base import at_step
 from ocannl.backends.c.compiler import compile_shared, toolchain
 from ocannl.backends.c.emit import CSource, emit_c
@@ -43,7 +43,7 @@ class CBackend:
 
     def compile(self, routine: RoutineIR) -> CExecutable:
         tc = toolchain()
-        source = emit_c(routine, parallel=tc.openmp)
+        source = emit_c(routine, parallel=tc.openmp, vector_bytes=tc.vector_bytes)
         return CExecutable(routine, source, compile_shared(source.text, tc))
 
 
@@ -81,8 +81,14 @@ class CExecutable:
         return self._prepared
 
     def _call_on(self, arrays: list[np.ndarray]) -> Callable[[Mapping[IndexSymbol, int]], None]:
+        """The prepared call, with the direct path of ``ocannl.backends.base.Executable``: the
+        symbols' values live in one int64 array whose address the kernel gets at every call
+        (the symbols the C code reads first, in its parameter order; the routine's others after
+        them, stored but not read), and ``invoke`` is the ctypes call on the two arrays, bound
+        here so that a run calls no Python function of ours."""
         addresses = (ctypes.c_void_p * len(arrays))(*self._check_buffers(arrays))
-        symbols = (ctypes.c_int64 * len(self.source.symbols))()
+        order = self.source.symbols + tuple(s for s in self.routine.static_symbols if s not in self.source.symbols)
+        symbols = (ctypes.c_int64 * len(order))()
         slots, function, sites = tuple(enumerate(self.source.symbols)), self._function, self.source.sites
 
         def call(bindings: Mapping[IndexSymbol, int]) -> None:
@@ -94,6 +100,9 @@ class CExecutable:
                 raise_for_status(status, sites)
 
         call.arrays, call.addresses = arrays, addresses
+        call.order, call.values = order, symbols
+        call.invoke = functools.partial(function, addresses, symbols)
+        call.fail = functools.partial(raise_for_status, sites=sites)
         return call
 
     def run_many(self, buffers: Mapping[TNode, np.ndarray], symbols: Sequence[IndexSymbol], steps: np.ndarray,

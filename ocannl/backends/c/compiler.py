@@ -22,10 +22,14 @@ kernels may use:
   machines never hands one CPU's library to another. A compiler that does not know
   ``-march=native`` builds for ``portable`` instead.
 - ``portable``: no ``-march``, the compiler's default target: the libraries run on any CPU of the
-  architecture, for building once and shipping.
+  architecture, for building once and shipping. Its GEMM micro-kernels are scalar C.
 - a target name (``x86-64-v3``, ``znver3``, ``armv8.2-a``, ...): passed as ``-march=<name>``. The
   compiler must accept it, and every instruction set it enables must be one this CPU has (else
   the kernels it builds could not run here): otherwise an :class:`OcannlError` naming the setting.
+
+The target's vector width, read from the instruction-set macros the compiler defines for it
+(``__AVX512F__``, ``__AVX__``, ``__SSE2__``, ``__ARM_NEON``), sizes the micro-kernels of the
+packed GEMMs (``gemm.py``); the source, and so the cache key, carries it.
 
 The fast setting, ``OCANNL_C_FAST=1`` (or ``c_fast=1``), adds ``-ffp-contract=fast``: multiply-adds
 fuse where the target has FMA, so float results may differ from the interpreter in the last bits.
@@ -91,6 +95,10 @@ class CToolchain(Toolchain):
     isa: str
     """The target the kernels are built for: ``native``, ``portable`` or a ``-march`` name (module
     docstring, "Target ISA"); ``portable`` too where ``native`` was asked of a compiler without it."""
+    vector_bytes: int = 0
+    """The width of the target's float vector registers (32 for AVX2, 64 for AVX-512, 16 for SSE or
+    NEON), which sizes the GEMM micro-kernels (ocannl/lowlevel/cpu_schedule.py); 0 under
+    ``portable``, whose micro-kernels are scalar C for any compiler and CPU."""
 
     what: ClassVar[str] = "C compiler"
     language: ClassVar[str] = "c"
@@ -132,18 +140,19 @@ OPENMP_PROBE = (
 def _probe(command: tuple[str, ...], fast: bool, openmp: bool, isa: str) -> CToolchain:
     version = compiler_version(command, "C compiler", FIX)
     isa, isa_flags = _target(command, isa)
+    vector_bytes = _vector_bytes(_isa_macros(command, isa_flags[0])) if isa_flags else 0
     if isa == NATIVE:  # -march=native code runs only on CPUs like this one: key the cache by the CPU
         version += "\n" + _cpu_identity()
     flags = BASE_FLAGS + isa_flags + (FAST_FLAGS if fast else ())
     path = shutil.which(command[0]) or command[0]
-    plain = CToolchain(command, path, version, flags, False, fast, isa)
+    plain = CToolchain(command, path, version, flags, False, fast, isa, vector_bytes)
     try:
         check_probe(plain, PROBE, 13, 40, cache.directory("c", "probes"))
     except CompileError as e:
         raise BackendUnavailable(f"{plain.name} cannot build working shared libraries: {e}; {FIX}") from None
     if not openmp:
         return plain
-    with_openmp = CToolchain(command, path, version, flags + ("-fopenmp",), True, fast, isa)
+    with_openmp = CToolchain(command, path, version, flags + ("-fopenmp",), True, fast, isa, vector_bytes)
     # Read once, when the OpenMP runtime loads, which this probe does first (backend.py).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
@@ -193,6 +202,20 @@ def _isa_macros(command: tuple[str, ...], flag: str) -> frozenset[str] | None:
 _ISA_MACRO = re.compile(r"__(SSE\w*|AVX\w*|FMA\w*|F16C|BMI\w*|POPCNT|LZCNT|MOVBE|AES|PCLMUL|SHA|VAES|VPCLMULQDQ|"
                         r"GFNI|ADX|RDRND|RDSEED|XSAVE\w*|ARM_FEATURE_\w+|ARM_NEON\w*|riscv_\w+)__\Z")
 """The predefined macros that say which instruction sets a target has, on x86, ARM and RISC-V."""
+
+
+def _vector_bytes(macros: frozenset[str] | None) -> int:
+    """The float vector width of a target from its instruction-set macros; 0 when the compiler
+    names none it has (the micro-kernels are then scalar)."""
+    if not macros:
+        return 0
+    if "__AVX512F__" in macros:
+        return 64
+    if "__AVX__" in macros:
+        return 32
+    if macros & {"__SSE2__", "__ARM_NEON", "__ARM_NEON__"}:
+        return 16
+    return 0
 
 
 def _cpu_identity() -> str:

@@ -16,6 +16,9 @@ by name, then one ``int64_t`` per static index symbol (bindings are 64-bit), sor
 function returns 0, or the number of the runtime check (:class:`~ocannl.backends.codegen.Site`)
 that failed.
 
+A contraction the CPU plan runs as a packed GEMM (ocannl/lowlevel/cpu_schedule.py) is a helper
+function of its own too, calling a micro-kernel (``gemm.py``) printed once per source.
+
 The routine's function calls one helper function per top-level loop nest, and a routine of many
 nests runs them in parts, a helper function each that calls its nests' functions
 (:meth:`~ocannl.backends.codegen.Emitter.body`). The helpers are ``noinline``: the C compiler
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ocannl.backends.c.gemm import CGemm
 from ocannl.backends.c.syntax import CSyntax
 from ocannl.backends.codegen import Emitter, Site, comment_text
 from ocannl.lowlevel.indexing import IndexSymbol
@@ -99,12 +103,14 @@ def function_name(routine_name: str) -> str:
     return Namespace(_LINKER_NAMES).claim(sanitize_identifier(routine_name) or "routine", "routine")
 
 
-def emit_c(routine: RoutineIR, *, parallel: bool = True) -> CSource:
-    """The C source of ``routine``; ``parallel`` allows OpenMP pragmas on big parallel loops."""
+def emit_c(routine: RoutineIR, *, parallel: bool = True, vector_bytes: int | None = None) -> CSource:
+    """The C source of ``routine``; ``parallel`` allows OpenMP pragmas on big parallel loops;
+    ``vector_bytes`` (the target's vector width, 0 for none) runs GEMM-class contractions as
+    packed GEMMs (``gemm.py``; ``None``: as register tiles)."""
     syntax = CSyntax()
     fn = function_name(routine.name)
     emitter = Emitter(syntax, routine, function_name=fn, parallel=parallel, tile_function=_tile_function,
-                      nest_function=_nest_function)
+                      nest_function=_nest_function, gemm=None if vector_bytes is None else CGemm(vector_bytes))
     body = emitter.body()
     nodes = tuple(emitter.nodes)
     symbols = tuple(emitter.symbols)

@@ -4,14 +4,17 @@ tensors (docs/codegen.md, "Triton").
 * ``ocannl/backends/partition.py`` (shared with Metal) cuts a routine into kernels (which loops
   run as grid axes, which statements share a kernel, which nests are contractions for ``tl.dot``);
 * ``emit.py`` writes one Python module per routine: the kernels and a ``launch`` function;
-* ``tiling.py`` is the block-size table; ``tlib.py`` the device functions the modules import;
+* ``tiling.py`` is the block-size table (``autotune.py`` may replace a contraction's on a GPU);
+  ``tlib.py`` the device functions the modules import;
 * ``runtime.py`` owns the buffers (torch tensors), loads modules and runs them.
 
 It needs ``triton`` and ``torch`` (``pip install 'ocannl[triton]'``) and a GPU, or
 ``TRITON_INTERPRET=1`` to run the kernels in Triton's CPU interpreter: slow, for tests, and never
 chosen by ``Context.auto()``. Settings (ocannl/config.py): ``triton_fp32_dot`` (``ieee``, the
 default: exact float32 products; ``tf32`` or ``tf32x3`` for tensor cores), ``fast_math`` (lets
-Triton contract multiply-adds), ``cache_dir``.
+Triton contract multiply-adds), ``triton_autotune`` (measure contraction tiles on the GPU:
+autotune.py), ``triton_cuda_graphs`` (``run_many`` replays a CUDA graph: runtime.py),
+``cache_dir``.
 """
 
 from __future__ import annotations
@@ -77,7 +80,7 @@ class TritonBackend:
     def compile(self, routine: RoutineIR):
         from ocannl.backends.triton.runtime import TritonExecutable
 
-        return TritonExecutable(routine.name, generate(routine))
+        return TritonExecutable(routine.name, generate(routine), self.buffers)
 
 
 __all__ = ["TritonBackend", "generate", "options"]

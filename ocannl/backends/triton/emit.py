@@ -1,20 +1,30 @@
 """The Triton source emitter: one Python module per routine, one ``@triton.jit`` kernel per
-:class:`~ocannl.backends.partition.Kernel`, and a ``launch`` function calling them in order.
+launch, and a ``launch`` function calling them in order.
 
-Each kernel is planned (plan.py: tiling, blocks, grid), then written by the writer of its plan's
-kind (writer.py, whose docstring describes the tiles, the register cache, bounds and arithmetic).
+Each :class:`~ocannl.backends.partition.Kernel` is planned (plan.py: tiling, blocks, grid), then
+written by the writer of its plan's kind (writer.py, whose docstring describes the tiles, the
+register cache, bounds and arithmetic). The partitioner's :func:`~ocannl.backends.partition.group`
+then puts kernels into launches by their programs and the nodes they touch. A launch of one
+kernel is that kernel. A grouped launch is a kernel of its own that calls its members, each
+written as a device function taking its program number (``program``): the programs of segment
+``s`` are those from the sum of the earlier segments' programs on, and a chain of
+single-program kernels is called in order, with ``tl.debug_barrier()`` before a kernel that
+touches a node an earlier one since the last barrier wrote (or writes one it read). The launch
+takes the most warps and pipeline stages any member asks for: a member written for fewer warps
+spreads its tiles over more threads, and the stages only apply to a member's ``tl.dot`` loop.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
-from ocannl.lowlevel.identifiers import comment_text, sanitize_identifier, string_literal
+from ocannl.lowlevel.identifiers import Namespace, comment_text, sanitize_identifier
+from ocannl.lowlevel.indexing import IndexSymbol
 from ocannl.lowlevel.ir import RoutineIR
 
-from ocannl.backends.partition import Kernel
+from ocannl.backends.partition import Kernel, Launch, conflicts, group, kernel_nodes
 from ocannl.backends.triton.plan import plan_kernel
-from ocannl.backends.triton.writer import WRITERS, KernelSource, Options
+from ocannl.backends.triton.writer import WRITERS, KernelSource, KernelWriter, Options, Param
 
 
 @dataclass
@@ -26,6 +36,14 @@ class ModuleSource:
     checks_positions: bool
     """Whether a kernel sets the error flag (a gather or scatter position, or an index through a
     symbol without a size, out of range)."""
+    symbols: tuple[IndexSymbol, ...] = ()
+    """The index symbols in the order of the symbol table ``launch`` takes (writer.Options.symbols)."""
+    launches: tuple[Launch, ...] = ()
+    """How the partition's kernels were grouped into the launches of ``kernels`` (partition.group)."""
+    programs: tuple[int, ...] = ()
+    """The programs each kernel of the partition runs (``launches`` refers to them by position)."""
+    sites: dict[int, str] = field(default_factory=dict)
+    """What each nonzero value of the error flag says went wrong (writer.KernelWriter.site)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -35,22 +53,28 @@ class ModuleSource:
 def emit_module(routine: RoutineIR, kernels: list[Kernel], options: Options = Options()) -> ModuleSource:
     """The Python source of the Triton module of ``routine``, partitioned into ``kernels``."""
     base = sanitize_identifier(routine.name) or "routine"
+    options = replace(options, symbols=routine.static_symbols)
+    written = [_write(f"{base}_{number}", kernel, options) for number, kernel in enumerate(kernels)]
+    launches = group(kernels, [source.grid for _, source in written])
     sources: list[KernelSource] = []
-    helpers: set[str] = set()
-    native_bf16_dot = False
-    for number, kernel in enumerate(kernels):
-        plan = plan_kernel(kernel)
-        writer = WRITERS[type(plan)](f"{base}_{number}", kernel, plan, options)
-        source = writer.emit()
-        if writer.rblock is not None and not writer.used_stages:
-            # Every inner loop ran sequentially: no inner tile, so no RBLOCK and a 1-D XBLOCK.
-            plan = plan_kernel(kernel, inner_tiles=False)
-            writer = WRITERS[type(plan)](f"{base}_{number}", kernel, plan, options)
-            source = writer.emit()
-        sources.append(source)
-        helpers |= writer.helpers
-        native_bf16_dot |= writer.native_bf16_dot
-    checks = any(p.node is None and p.symbol is None for k in sources for p in k.params)
+    writers: list[KernelWriter] = []
+    for number, launch in enumerate(launches):
+        if len(launch.kernels) == 1:
+            writer, source = written[launch.kernels[0]]
+            writers.append(writer)
+            sources.append(source)
+            continue
+        members = {k: _write(f"{base}_{k}", kernels[k], options, segment=True) for k in launch.kernels}
+        writers += [writer for writer, _ in members.values()]
+        sources.append(_grouped(f"{base}_group{number}", launch, kernels,
+                                {k: source for k, (_, source) in members.items()}))
+    helpers = set().union(*(w.helpers for w in writers))
+    native_bf16_dot = any(w.native_bf16_dot for w in writers)
+    checks = any(p.is_error_flag for k in sources for p in k.params)
+    sites: dict[int, str] = {}
+    for w in writers:
+        for number, message in w.sites.items():  # two messages of one digest: both are named
+            sites[number] = message if sites.get(number, message) == message else f"{sites[number]}, or {message}"
     lines = [
         f'"""Triton kernels of routine {comment_text(routine.name)}: '
         f'{len(sources)} kernel{"s" if len(sources) != 1 else ""}.',
@@ -75,15 +99,82 @@ def emit_module(routine: RoutineIR, kernels: list[Kernel], options: Options = Op
     for k in sources:
         lines += ["", ""] + k.text.rstrip("\n").split("\n")
     lines += ["", "", *_launcher(routine, sources)]
-    return ModuleSource(base, sources, "\n".join(lines) + "\n", checks)
+    return ModuleSource(base, sources, "\n".join(lines) + "\n", checks, routine.static_symbols, tuple(launches),
+                        tuple(source.grid for _, source in written), sites)
+
+
+def _write(name: str, kernel: Kernel, options: Options, segment: bool = False) -> tuple[KernelWriter, KernelSource]:
+    """``kernel`` planned and written (as a launch's device function when ``segment``)."""
+    plan = plan_kernel(kernel)
+    writer = WRITERS[type(plan)](name, kernel, plan, options, segment=segment)
+    source = writer.emit()
+    if writer.rblock is not None and not writer.used_stages:
+        # Every inner loop ran sequentially: no inner tile, so no RBLOCK and a 1-D XBLOCK.
+        plan = plan_kernel(kernel, inner_tiles=False)
+        writer = WRITERS[type(plan)](name, kernel, plan, options, segment=segment)
+        source = writer.emit()
+    return writer, source
+
+
+def _argument(p: Param) -> object:
+    """What a kernel parameter stands for, the same in every member of a launch."""
+    if p.scratch is not None:
+        return p.scratch[0]
+    return p.node if p.node is not None else ("symbols" if p.symbols else "error")
+
+
+def _grouped(name: str, launch: Launch, kernels: list[Kernel], members: dict[int, KernelSource]) -> KernelSource:
+    """The kernel of a grouped launch (module docstring): its members' device functions, then a
+    kernel that calls, in each program, the member its number falls to."""
+    scope = Namespace({"pid", *(m.name for m in members.values())})  # a parameter would hide a member
+    params: dict[object, Param] = {}
+    for source in members.values():
+        for p in source.params:
+            key = _argument(p)
+            if key not in params:
+                pname = scope.claim(p.node.name, f"n{p.node.id}") if p.node is not None else scope.claim(p.name)
+                params[key] = replace(p, name=pname)
+    starts, programs, lines = [], 0, []
+    for segment in launch.segments:
+        starts.append(programs)
+        count = members[segment[0]].grid
+        test = f"pid < {programs + count}"
+        lines.append(f"    {'if' if not lines else 'elif'} {test}:")
+        number = "pid" if programs == 0 else f"pid - {programs}"
+        since_barrier: list[int] = []
+        for k in segment:
+            if any(conflicts(kernel_nodes(kernels[k]), kernel_nodes(kernels[j])) for j in since_barrier):
+                lines.append("        tl.debug_barrier()  # the stores of the calls above, visible to every thread")
+                since_barrier = []
+            since_barrier.append(k)
+            m = members[k]
+            args = [number] + [params[_argument(p)].name for p in m.params]
+            args += [f"{c}={v}" for c, v in m.constexprs.items()]
+            lines.append(f"        {m.name}({', '.join(args)})")
+        programs += count
+    doc = [f'    """One launch of {len(launch.kernels)} kernels over {programs} programs: segments of',
+           "    programs that touch no node another segment writes (a chain: one program running its",
+           "    kernels in order, with barriers).", ""]
+    for start, segment in zip(starts, launch.segments):
+        count = members[segment[0]].grid
+        span = f"program {start}" if count == 1 else f"programs {start}-{start + count - 1}"
+        doc.append(f"    {span}: {', '.join(members[k].name for k in segment)}")
+    doc.append('    """')
+    header = ["@triton.jit", f"def {name}({', '.join(p.name for p in params.values())}):"]
+    text = "\n\n\n".join(members[k].text.rstrip("\n") for k in launch.kernels)
+    text += "\n\n\n" + "\n".join(header + doc + ["    pid = tl.program_id(0)"] + lines) + "\n"
+    stages = [m.num_stages for m in members.values() if m.num_stages is not None]
+    return KernelSource(name, list(params.values()), {}, programs, max(m.num_warps for m in members.values()),
+                        max(stages) if stages else None, text, "group",
+                        any(m.uses_dot for m in members.values()), any(m.uses_atomics for m in members.values()))
 
 
 def _launcher(routine: RoutineIR, kernels: list[KernelSource]) -> list[str]:
     lines = [
         "def launch(buffers, symbols, error):",
-        '    """Run the kernels in order. ``buffers`` maps node names to tensors, ``symbols`` index',
-        '    symbol names to ints, ``error`` is a one-element int32 tensor (set when a position is out',
-        '    of range)."""',
+        '    """Run the kernels in order. ``buffers`` maps node names to tensors, ``symbols`` is the',
+        '    int64 tensor of index symbol values (the symbol table), ``error`` a one-element int32',
+        '    tensor (set when a position is out of range)."""',
     ]
     if not kernels:
         lines.append("    pass")
@@ -92,8 +183,10 @@ def _launcher(routine: RoutineIR, kernels: list[KernelSource]) -> list[str]:
         for p in k.params:
             if p.node is not None:
                 args.append(f'buffers["{p.node.name}"]')
-            elif p.symbol is not None:
-                args.append(f"symbols[{string_literal(p.symbol.name)}]")
+            elif p.symbols:
+                args.append("symbols")
+            elif p.scratch is not None:
+                args.append(f"buffers[{p.scratch[0]!r}]")
             else:
                 args.append("error")
         args += [f"{name}={value}" for name, value in k.constexprs.items()]

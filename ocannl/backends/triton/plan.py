@@ -12,23 +12,24 @@ kernels use ``tl.dot``) without generating text; the writers of emit.py render a
 * :class:`DotPlan`: a contraction's rows x columns in ``BLOCK_M x BLOCK_N`` tiles (times the
   batch), summed over ``BLOCK_K`` steps with ``tl.dot``.
 
-Block sizes come from the table in tiling.py.
+Block sizes come from the table in tiling.py; a contraction's may come from the autotuner
+(autotune.py: opt-in, on a GPU), which starts from that table.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.analysis import loop_chain
 from ocannl.lowlevel.dtypes import DType
-from ocannl.lowlevel.ir import Expr, Fill, For, Load, Stmt, iter_stmts
+from ocannl.lowlevel.ir import Expr, Fill, For, Load, SetLocal, Stmt, Store, iter_stmts
 from ocannl.lowlevel.tnode import TNode
 
 from ocannl.backends.partition import Kernel
-from ocannl.backends.triton import tiling
+from ocannl.backends.triton import autotune, tiling
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -121,8 +122,21 @@ class DotPlan:
         return self.row_tiles * self.col_tiles
 
     @property
+    def split_k(self) -> int:
+        """Slices the reduction is split into (1: none): ``blocks.split_k`` slices of a whole
+        number of ``BLOCK_K`` steps, fewer if rounding up the slices leaves the last ones empty."""
+        return 1 if self.blocks.split_k == 1 else _ceil_div(self.k_total, self.k_slice)
+
+    @property
+    def k_slice(self) -> int:
+        """Reduction terms one program sums: all of them, or one split-K slice's."""
+        if self.blocks.split_k == 1:
+            return self.k_total
+        return _ceil_div(_ceil_div(self.k_total, self.blocks.split_k), self.blocks.block_k) * self.blocks.block_k
+
+    @property
     def grid(self) -> int:
-        return math.prod(self.batch) * self.tiles
+        return math.prod(self.batch) * self.tiles * self.split_k
 
     @property
     def k_ragged(self) -> bool:
@@ -158,11 +172,18 @@ def plan_kernel(kernel: Kernel, inner_tiles: bool = True) -> Plan:
         batch, k = tuple(extent[s] for s in c.batch), tuple(e for _, e in c.k)
         a16, b16 = sixteen_bit_load(c.a), sixteen_bit_load(c.b)
         sixteen = a16 if a16 is not None and a16 is b16 else None
-        blocks = tiling.dot_blocks(math.prod(rows), math.prod(cols), math.prod(k), sixteen is not None, math.prod(batch))
+        blocks = autotune.dot_blocks(kernel, math.prod(rows), math.prod(cols), math.prod(k), math.prod(batch),
+                                     sixteen.name if sixteen is not None else "float32")
+        if blocks.split_k > 1 and _accumulator_dtype(c.accumulator) is not dtypes.float32:
+            blocks = replace(blocks, split_k=1)  # split-K's partial tiles are float32
         return DotPlan(rows, cols, batch, k, sixteen, blocks)
     numel = math.prod(kernel.extents)
     inner = max((math.prod(e) for p in kernel.parts for e in _inner_chains(p.body)), default=None)
     return FlatPlan(numel, bool(kernel.extents), tiling.flat_blocks(numel, inner if inner_tiles else None))
+
+
+def _accumulator_dtype(target: Store | SetLocal) -> DType:
+    return target.tnode.dtype if isinstance(target, Store) else target.local.dtype
 
 
 def cells(node: TNode) -> int:

@@ -8,13 +8,31 @@
   module is written to a file under the kernel cache (``OCANNL_CACHE_DIR``, default
   ``~/.cache/ocannl``; ``triton/<routine>-<hash>.py``, written atomically) and imported from
   there. Triton compiles each kernel for the GPU on its first launch and caches the binary itself.
-* **Errors.** A gather or scatter position outside its axis sets a one-cell error flag; the run
-  then raises :class:`~ocannl.errors.OutOfBoundsError` (one device-to-host read after the run, only
-  for routines with data-dependent positions).
+* **Launches** (:class:`TritonExecutable`). Index symbols are not kernel arguments: each routine
+  has a *symbol table*, an int64 tensor on the device holding its symbols' values (in the order of
+  ``ModuleSource.symbols``), written before a run, from which the kernels load them. A launch's
+  arguments are thus the same at every run, so they are built once per set of buffers
+  (``prepare``). The first launch of a kernel goes through Triton's JIT, which compiles it; on a
+  GPU, later launches call the compiled kernel's launcher directly with those prebuilt arguments,
+  skipping the JIT's per-call argument binding and cache lookup. Under the interpreter every
+  launch goes through the JIT (there is no compiled kernel).
+* **Errors are checked lazily.** A gather or scatter position outside its axis, or an index
+  symbol without a size past its axis, raises the routine's error flag on the device to the number
+  of the failed check (writer.py, ``KernelWriter.site``); a run does not wait for the GPU to read
+  it. Flags are read, and :class:`~ocannl.errors.OutOfBoundsError` raised naming the routine and
+  the check, when a value is read back (``Context.get``, ``Tensor.numpy``,
+  through :meth:`TorchBuffers.to_host`), by :meth:`TorchBuffers.synchronize`, at the start of a
+  ``run_many`` (errors of earlier runs) and at its end (naming the first failing step). Runs
+  after a failing one have been launched by then: their results are not undone.
+* **CUDA graphs** (setting ``triton_cuda_graphs``, off by default): ``run_many`` on a GPU records
+  the routine's launches once as a CUDA graph and replays it at every step, after copying that
+  step's row of symbol values into the table the graph reads. Under the interpreter the setting is
+  refused (:class:`~ocannl.errors.BackendUnavailable`): there is no CUDA to record.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -22,17 +40,19 @@ import sys
 import tempfile
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from ocannl.backends import cache
+from ocannl import config
 from ocannl.backends.base import at_step
-from ocannl.errors import OutOfBoundsError
+from ocannl.errors import BackendUnavailable, OutOfBoundsError
 from ocannl.lowlevel.indexing import IndexSymbol
 from ocannl.lowlevel.tnode import TNode
 
 from ocannl.backends.triton.emit import ModuleSource
+from ocannl.backends.triton.writer import KernelSource, Param
 
 INSTALL_HINT = "pip install 'ocannl[triton]'"
 
@@ -82,6 +102,8 @@ class TorchBuffers:
 
         self.torch = torch
         self.device = device()
+        self.pending: dict[TritonExecutable, None] = {}
+        """Executables that may have set their error flag since the last check (in run order)."""
 
     def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         return self.torch.zeros(shape, dtype=_torch_dtype(self.torch, dtype), device=self.device)
@@ -90,7 +112,28 @@ class TorchBuffers:
         return self.torch.from_numpy(np.asarray(array, order="C")).to(self.device)  # a 0-d value stays 0-d
 
     def to_host(self, buffer: Any) -> np.ndarray:
+        """The buffer's values, after the errors of the runs so far (:meth:`check_errors`)."""
+        self.check_errors()
         return buffer.detach().cpu().numpy()
+
+    def synchronize(self) -> None:
+        """Wait for the device, and raise the errors of the runs so far."""
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize(self.device)
+        self.check_errors()
+
+    def check_errors(self) -> None:
+        """Read the error flags of the executables that ran since the last check (one transfer),
+        clear them, and raise the error of the first one set, naming its routine."""
+        if not self.pending:
+            return
+        pending, self.pending = list(self.pending), {}
+        flags = self.torch.cat([e.error_flag for e in pending]).cpu().tolist()
+        failed = [(e, flag) for e, flag in zip(pending, flags) if flag]
+        for e, _ in failed:
+            e.error_flag.zero_()
+        if failed:
+            raise failed[0][0].out_of_bounds(failed[0][1])
 
 
 def _torch_dtype(torch: Any, dtype: np.dtype) -> Any:
@@ -125,45 +168,208 @@ def load_module(source: ModuleSource) -> ModuleType:
     return module
 
 
-class TritonExecutable:
-    """A routine's kernels, launched in order over the context's tensors."""
+SYMBOL_ROW = 2
+"""Symbol table rows are padded to a multiple of this many int64 values (16 bytes): Triton
+specializes a kernel on its pointers' 16-byte alignment, so every row passed must keep it."""
 
-    def __init__(self, routine_name: str, source: ModuleSource):
+
+def cuda_graphs() -> bool:
+    """The ``triton_cuda_graphs`` setting (module docstring); refused where no GPU runs the kernels."""
+    if not config.flag("triton_cuda_graphs"):
+        return False
+    if interpreting():
+        raise BackendUnavailable(
+            f"the setting triton_cuda_graphs (from {config.origin('triton_cuda_graphs')}) records run_many's launches "
+            f"as a CUDA graph, which needs a GPU; the Triton interpreter (TRITON_INTERPRET=1) runs kernels on the "
+            f"CPU: unset it")
+    return True
+
+
+def symbol_rows(values: np.ndarray) -> np.ndarray:
+    """``values`` (``(n, k)`` int64: one row of symbol values per run) padded to rows of a
+    multiple of :data:`SYMBOL_ROW` (at least one), as the symbol table holds them."""
+    n, k = values.shape
+    width = max(SYMBOL_ROW, -(-k // SYMBOL_ROW) * SYMBOL_ROW)
+    rows = np.zeros((n, width), np.int64)
+    rows[:, :k] = values
+    return rows
+
+
+_SCRATCH_TYPES = {"fp32": "float32", "i32": "int32"}
+"""The torch type of a scratch buffer of each Triton element type."""
+
+
+class KernelCall:
+    """One kernel's launch with its arguments built once (the buffers of a prepared run, the
+    symbol table, the error flag; its constexprs and launch options).
+
+    :meth:`launch` goes through Triton's JIT (``kernel[grid](...)``), which compiles the kernel
+    on its first call and returns the compiled kernel; on a GPU the calls after that go straight
+    to the compiled kernel's launcher (``CompiledKernel.run`` in Triton 3.x: grid, stream, function
+    handle, packed metadata, launch metadata and hooks, then every argument in signature order,
+    constexprs included). That direct path runs only on a GPU: the test suite, under the
+    interpreter, exercises the JIT path and the argument building, not the direct call."""
+
+    def __init__(self, jit: Any, source: KernelSource, arguments: list[Any], fp_fusion: bool):
+        self.jit = jit
+        self.source = source
+        self.arguments = arguments
+        self.options = {**source.constexprs, "num_warps": source.num_warps, "enable_fp_fusion": fp_fusion}
+        if source.num_stages is not None:
+            self.options["num_stages"] = source.num_stages
+        self._direct: tuple | None = None
+        """The compiled kernel's launcher and what it takes besides grid and stream."""
+
+    def launch(self, stream: Any = None) -> None:
+        """Launch on ``stream`` (``None``: the interpreter, which has no streams)."""
+        if self._direct is not None:
+            run, function, metadata, args = self._direct
+            run(self.source.grid, 1, 1, stream, function, metadata, None, None, None, *args)
+            return
+        compiled = self.jit[(self.source.grid,)](*self.arguments, **self.options)
+        if stream is not None and compiled is not None and not _launch_hooks():
+            self._direct = (compiled.run, compiled.function, compiled.packed_metadata,
+                            (*self.arguments, *self.source.constexprs.values()))
+
+
+def _launch_hooks() -> bool:
+    """Whether launch hooks are installed (a profiler): the JIT calls them with launch metadata,
+    so launches keep going through it. Triton 3.9 keeps the hooks as chains of callables, empty
+    when none is installed; older versions as a callable or ``None``."""
+    from triton import knobs
+
+    return any(hook is not None and bool(getattr(hook, "calls", True))
+               for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))
+
+
+class TritonExecutable:
+    """A routine's kernels, launched in order over the context's tensors (module docstring)."""
+
+    def __init__(self, routine_name: str, source: ModuleSource, owner: TorchBuffers):
         import torch
 
+        self.torch = torch
         self.name = routine_name
         self.source = source
         self.module = load_module(source)
-        self._error = torch.zeros(1, dtype=torch.int32, device=device())
+        self.owner = owner
+        self.graphs = cuda_graphs()
+        self.error_flag = torch.zeros(1, dtype=torch.int32, device=owner.device)
+        self.table = torch.zeros(symbol_rows(np.zeros((1, len(source.symbols)), np.int64)).shape[1],
+                                 dtype=torch.int64, device=owner.device)
+        """The symbol table every launch reads: run() writes its bindings there, run_many each
+        step's row."""
+        self.scratch = {p.scratch[0]: torch.zeros(p.scratch[1], dtype=getattr(torch, _SCRATCH_TYPES[p.scratch[2]]),
+                                                  device=owner.device)
+                        for k in source.kernels for p in k.params if p.scratch is not None}
+        """The kernels' own buffers (writer.Param.scratch), allocated with the executable."""
+        self._written: tuple[int, ...] | None = None
+        """The values last written to :attr:`table` by run() (the same bindings write nothing)."""
+        self._bound: dict[TNode, Any] = {}
+        self._calls: list[KernelCall] = []
+        self._graph: Any = None
+        """run_many's CUDA graph of one run over the buffers of :attr:`_bound`."""
 
     @property
     def debug_files(self) -> dict[str, str]:
         """Files for the context's debug directory: the generated module."""
         return {".triton.py": self.source.text}
 
-    def run(self, buffers: Mapping[TNode, Any], bindings: Mapping[IndexSymbol, int]) -> None:
+    def out_of_bounds(self, flag: int) -> OutOfBoundsError:
+        """The error of error-flag value ``flag``: the check it names (emit.ModuleSource.sites)."""
+        what = self.source.sites.get(flag, "an index is outside its axis")
+        return OutOfBoundsError(
+            f"routine {self.name}: {what}; the Triton backend skipped or clamped those accesses (run the routine "
+            f"on the interp backend to see the indices)"
+        )
+
+    # -- launches ----------------------------------------------------------------------------
+
+    def prepare(self, buffers: Mapping[TNode, Any]) -> Callable[[Mapping[IndexSymbol, int]], None]:
+        """``run`` over ``buffers``, its kernel calls built now (ocannl/backends/base.py, ``Executable``)."""
+        self._bind(buffers)
+        return functools.partial(self.run, buffers)
+
+    def _bind(self, buffers: Mapping[TNode, Any]) -> None:
+        """Build the kernel calls over ``buffers``, unless they are built over these tensors."""
+        if len(buffers) == len(self._bound) and all(self._bound.get(n) is b for n, b in buffers.items()):
+            return
+        self._bound = dict(buffers)
+        self._graph = None
         named = {node.name: buffer for node, buffer in buffers.items()}
-        symbols = {symbol.name: int(value) for symbol, value in bindings.items()}
-        self.module.launch(named, symbols, self._error)
-        if self.source.checks_positions and int(self._error.item()):
-            self._error.zero_()
-            raise OutOfBoundsError(
-                f"routine {self.name}: an index is outside its axis (an oc.take position, or an index symbol "
-                f"without a size bound past the axis it indexes); the Triton backend skipped or clamped those "
-                f"accesses (run the routine on the interp backend to see where)"
-            )
+        self._calls = [KernelCall(getattr(self.module, k.name), k, [self._argument(p, named) for p in k.params],
+                                  self.module.FP_FUSION) for k in self.source.kernels]
+
+    def _argument(self, p: Param, named: Mapping[str, Any]) -> Any:
+        if p.node is not None:
+            return named[p.node.name]
+        if p.symbols:
+            return self.table
+        if p.scratch is not None:
+            return self.scratch[p.scratch[0]]
+        return self.error_flag
+
+    def _launch(self) -> None:
+        stream = None
+        if self.owner.device.type == "cuda":
+            from triton.runtime import driver
+
+            stream = driver.active.get_current_stream(driver.active.get_current_device())
+        for call in self._calls:
+            call.launch(stream)
+
+    def run(self, buffers: Mapping[TNode, Any], bindings: Mapping[IndexSymbol, int]) -> None:
+        """Launch the kernels; an error surfaces later (module docstring)."""
+        self._bind(buffers)
+        values = tuple(int(bindings[s]) for s in self.source.symbols)
+        if values != self._written:
+            row = symbol_rows(np.array(values, np.int64).reshape(1, len(values)))[0]
+            self.table.copy_(self.torch.from_numpy(row), non_blocking=True)
+            self._written = values
+        self._launch()
+        if self.source.checks_positions:
+            self.owner.pending[self] = None
 
     def run_many(self, buffers: Mapping[TNode, Any], symbols: Sequence[IndexSymbol], steps: np.ndarray,
                  records: Sequence[TNode]) -> list[np.ndarray]:
-        """The steps launched from Python (ocannl/backends/base.py, ``run_steps``), each recorded
-        tensor copied on the device after every step and brought to the host once, at the end:
-        a GPU is not made to wait for the host at every step."""
+        """The steps launched from Python (ocannl/backends/base.py, ``run_steps``) without waiting
+        for the device: the steps' symbol values go to the device at once, one row per step
+        copied into the table before it; each recorded tensor is copied on the device after every
+        step; the host reads the records and the error flags once, at the end, and an error names
+        the first step that set the flag. With the ``triton_cuda_graphs`` setting, the launches
+        are recorded once as a CUDA graph (after a first, eager run compiled them) and replayed."""
+        torch = self.torch
+        self.owner.check_errors()  # errors of earlier runs are theirs: raised before any step
+        self._bind(buffers)
+        order = [list(symbols).index(s) for s in self.source.symbols]
+        rows = torch.from_numpy(symbol_rows(steps[:, order].astype(np.int64))).to(self.owner.device)
         outputs = [buffers[node].new_empty((len(steps), *buffers[node].shape)) for node in records]
-        for step, row in enumerate(steps.tolist()):
-            try:
-                self.run(buffers, dict(zip(symbols, row)))
-            except OutOfBoundsError as e:
-                raise at_step(e, step) from None
+        step_flags = torch.zeros(len(steps), dtype=torch.int32, device=self.owner.device)
+        self._written = None  # the table will hold the steps' rows
+        for step in range(len(steps)):
+            self.table.copy_(rows[step])
+            if self._graph is not None:
+                self._graph.replay()
+            else:
+                self._launch()
+                if self.graphs:  # compiled now: record the launches for the next steps
+                    self._graph = self._record()
+            if self.source.checks_positions:
+                step_flags[step:step + 1].copy_(self.error_flag)  # the flag accumulates over steps
             for output, node in zip(outputs, records):
                 output[step].copy_(buffers[node])
+        if self.source.checks_positions:
+            flags = step_flags.cpu().numpy()
+            failed = np.flatnonzero(flags)
+            if len(failed):
+                self.error_flag.zero_()
+                raise at_step(self.out_of_bounds(int(flags[failed[0]])), int(failed[0]))
         return [output.cpu().numpy() for output in outputs]
+
+    def _record(self) -> Any:
+        """A CUDA graph of one run of the bound calls (recorded, not run). GPU only: not
+        exercised by the test suite."""
+        graph = self.torch.cuda.CUDAGraph()
+        with self.torch.cuda.graph(graph):  # makes the capture stream current: _launch uses it
+            self._launch()
+        return graph

@@ -16,6 +16,15 @@ one configuration per kernel shape.
   ``mma`` instructions. ``BLOCK_K`` is up to 32 (64 for 16-bit operands), at least 16.
   Small tiles also bound the registers a program needs for its accumulator and epilogue, so
   that kernels do not spill (gpu_check.py reports spills).
+* **Split-K.** A contraction whose output tiles still give fewer programs than there are SMs
+  (a small ``m x n``) and whose reduction is long (at least two slices of :data:`SPLIT_K_SLICE`
+  terms) splits the reduction into ``split_k`` slices, a power of two, doubled until the
+  programs fill a wave or the slices would get shorter than :data:`SPLIT_K_SLICE`. Each program
+  sums one slice of one tile; the last program of a tile to finish adds the slices' partial sums
+  in slice order (writer.py): the result does not depend on which program finishes last.
+
+This table is the autotuner's fallback and starting point (autotune.py): without a GPU, or with
+tuning off (the default), it alone decides.
 """
 
 from __future__ import annotations
@@ -58,6 +67,8 @@ class DotBlocks:
     group_m: int
     num_warps: int
     num_stages: int
+    split_k: int = 1
+    """Slices the reduction is split into (1: no split-K)."""
 
 
 SM_COUNT = 132
@@ -69,18 +80,43 @@ DOT_TILES = ((128, 128), (128, 64), (64, 128), (64, 64), (64, 32), (32, 64), (32
 the smallest ``tl.dot`` accepts."""
 
 
+SPLIT_K_SLICE = 256
+"""The fewest reduction terms a split-K slice sums: shorter slices would spend more on writing
+and adding partial tiles than they gain in parallelism."""
+
+
+def _clamp(v: int, hi: int) -> int:
+    return max(16, min(hi, next_power_of_2(v)))
+
+
+def dot_tiles(m: int, n: int, sixteen_bit: bool) -> list[tuple[int, int]]:
+    """The output tiles a contraction of ``m x n`` may take, largest first: :data:`DOT_TILES`
+    clamped to the output, keeping 64-row tiles for 16-bit operands (Hopper's tensor-core
+    instruction, ``wgmma``, works on those)."""
+    return list(dict.fromkeys((_clamp(m, bm), _clamp(n, bn)) for bm, bn in DOT_TILES if bm >= 64 or not sixteen_bit))
+
+
+def dot_block_k(k: int, sixteen_bit: bool) -> int:
+    return _clamp(k, 64 if sixteen_bit else 32)
+
+
+def split_k(programs: int, k: int, sm_count: int = SM_COUNT) -> int:
+    """The split-K slices of a contraction over ``k`` terms whose tiles make ``programs``
+    programs (module docstring)."""
+    split = 1
+    while programs * split < sm_count and k // (2 * split) >= SPLIT_K_SLICE:
+        split *= 2
+    return split
+
+
 def dot_blocks(m: int, n: int, k: int, sixteen_bit: bool, batch: int = 1, sm_count: int = SM_COUNT) -> DotBlocks:
     """Blocks of a contraction of ``batch`` independent ``m x n`` outputs over ``k`` terms
     (module docstring)."""
-    def clamp(v: int, hi: int) -> int:
-        return max(16, min(hi, next_power_of_2(v)))
-
     def programs(tile: tuple[int, int]) -> int:
         return batch * -(-m // tile[0]) * -(-n // tile[1])
 
-    # Hopper's tensor-core instruction (wgmma) works on 64-row tiles: 16-bit operands keep them.
-    tiles = list(dict.fromkeys((clamp(m, bm), clamp(n, bn)) for bm, bn in DOT_TILES if bm >= 64 or not sixteen_bit))
+    tiles = dot_tiles(m, n, sixteen_bit)
     bm, bn = next((t for t in tiles if programs(t) >= sm_count), tiles[-1])
-    bk = clamp(k, 64 if sixteen_bit else 32)
     warps = 8 if bm * bn >= 64 * 64 else 4
-    return DotBlocks(bm, bn, bk, 8, warps, 3 if sixteen_bit else 2)
+    return DotBlocks(bm, bn, dot_block_k(k, sixteen_bit), 8, warps, 3 if sixteen_bit else 2,
+                     split_k(programs((bm, bn)), k, sm_count))

@@ -22,7 +22,9 @@ program, masked by ``xmask`` at the ragged end) and recovers each axis by ``//``
 A *dot* kernel tiles a contraction's rows and columns (``rm``, ``rn``), loops over the reduction
 in ``BLOCK_K`` steps with ``tl.dot`` (``input_precision="ieee"`` for float32 unless the
 ``triton_fp32_dot`` setting says ``tf32``/``tf32x3``), and runs the kernel's other statements
-(its epilogue) on the ``[BLOCK_M, BLOCK_N]`` accumulator tile.
+(its epilogue) on the ``[BLOCK_M, BLOCK_N]`` accumulator tile. With split-K (tiling.py), each
+program sums one slice of the reduction and the last program of each tile adds the slices in
+order before the epilogue (:meth:`DotKernelWriter.combine_slices`).
 
 **Values stay in registers.** Within a program, a value stored or loaded is remembered by node
 and (canonical) index: a later read of the same cell in the same kernel uses the register, so a
@@ -35,7 +37,8 @@ program: the partition rules guarantee no other program wrote it) is preceded by
 masked: lanes past a ragged edge by the tile masks, padded reads (``Load.oob_value``) and
 skipping stores (``Store.skip_oob``) by per-axis tests. Any other access the bounds do not prove,
 a data-dependent position (``oc.take``) or an index through a symbol without a size, is an error:
-outside its axis, it sets the routine's error flag, which the runtime turns into
+outside its axis, it raises the routine's error flag to the number of the check
+(:meth:`KernelWriter.site`), which the runtime turns into
 :class:`~ocannl.errors.OutOfBoundsError`, and is masked (reads give 0, stores are skipped), or,
 for an index the same in every lane, clamped to 0 as the C backend does.
 Scatter-adds use ``tl.atomic_add`` (rows may repeat). Offsets into a buffer of ``2**31`` cells
@@ -54,9 +57,11 @@ four uint32 lanes.
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ocannl.errors import OcannlError
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.analysis import accesses, index_range, loop_chain, range_within, row_major_strides
 from ocannl.lowlevel.dtypes import DType
@@ -98,6 +103,11 @@ class Options:
     ``tf32`` or ``tf32x3`` (the ``triton_fp32_dot`` setting)."""
     fp_fusion: bool = False
     """Let Triton contract multiply-adds (the ``fast_math`` setting)."""
+    symbols: tuple[IndexSymbol, ...] = ()
+    """The routine's index symbols in the order of its symbol table: the int64 device buffer the
+    runtime writes before a run, from which each kernel loads the symbols it reads (slot ``i``
+    holds ``symbols[i]``). Symbols are not scalar arguments, so a launch's arguments are the same
+    at every run: a recorded launch (a CUDA graph) replays with new bindings."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -106,18 +116,30 @@ class Options:
 
 @dataclass(frozen=True)
 class Param:
-    """A kernel argument: a node's buffer, an index symbol's value, or the error flag."""
+    """A kernel argument: a node's buffer, the routine's symbol table (``symbols``: int64 values
+    of the index symbols, see :attr:`Options.symbols`), a scratch buffer, or the error flag."""
 
     name: str
     node: TNode | None = None
-    symbol: IndexSymbol | None = None
+    symbols: bool = False
+    scratch: tuple[tuple[str, str], int, str] | None = None
+    """A buffer the runtime allocates for one kernel, zero-filled once: its key (the kernel's and
+    the parameter's names: a tuple, so never a node's name), cells and Triton element type
+    (split-K's partial tiles and per-tile counters; the kernel leaves the counters at zero after
+    every run)."""
 
     @property
     def signature(self) -> str:
-        """Triton's type string for this argument (``*fp32``, ``i32``...)."""
+        """Triton's type string for this argument (``*fp32``, ``*i64``...)."""
         if self.node is not None:
             return "*" + _POINTER_TYPES[self.node.dtype.name]
-        return "i32" if self.symbol is not None else "*i32"
+        if self.scratch is not None:
+            return "*" + self.scratch[2]
+        return "*i64" if self.symbols else "*i32"
+
+    @property
+    def is_error_flag(self) -> bool:
+        return self.node is None and not self.symbols and self.scratch is None
 
 
 _POINTER_TYPES = {"float32": "fp32", "float64": "fp64", "float16": "fp16", "bfloat16": "u16", "int32": "i32",
@@ -210,8 +232,11 @@ class Names:
 class KernelWriter:
     """Emits one kernel (module docstring)."""
 
-    def __init__(self, name: str, kernel: Kernel, plan: Plan, options: Options):
+    def __init__(self, name: str, kernel: Kernel, plan: Plan, options: Options, segment: bool = False):
         self.kernel = kernel
+        self.segment = segment
+        """Written as a device function of a grouped launch (emit.py): its program number is its
+        first parameter, ``program``, instead of ``tl.program_id(0)``."""
         self.plan = plan
         self.used_stages = False
         self.options = options
@@ -231,6 +256,8 @@ class KernelWriter:
         self.native_bf16_dot = False
         """Whether the kernel reads the module's ``NATIVE_BF16_DOT`` switch."""
         self.checks_positions = False
+        self.sites: dict[int, str] = {}
+        """What each error-flag value this kernel may set means (:meth:`site`)."""
         self.rblock: int | None = plan.rblock if isinstance(plan, FlatPlan) else None
         self.two_d = self.rblock is not None
         """Whether tiles are ``[XBLOCK, RBLOCK]`` (a flat kernel with inner tiles)."""
@@ -238,6 +265,9 @@ class KernelWriter:
         self.scatter: frozenset[TNode] = frozenset()
         self.persistent_rindex: str | None = None
         self.dot_site: For | None = kernel.contraction.site if isinstance(plan, DotPlan) else None
+        self.split_last: tuple[str, str] | None = None
+        """After a split-K reduction: whether this program is its tile's last (scalar, and as a
+        ``[1, 1]`` tile), which masks the epilogue's loads and stores."""
         self._params(name)
 
     # -- parameters and names --------------------------------------------------------------
@@ -279,7 +309,7 @@ class KernelWriter:
         # The module's own names (tl, the tlib helpers, XBLOCK, error...) are reserved, so no
         # node or symbol takes them; the scope separates nodes of one name (two sessions) and
         # symbols whose names sanitize alike, or like a node's.
-        scope = Namespace()
+        scope = Namespace({"program"} if self.segment else ())
         self.params: list[Param] = []
         self.node_names: dict[TNode, str] = {}
         for node in nodes:
@@ -287,13 +317,19 @@ class KernelWriter:
             self.node_names[node] = pname
             self.params.append(Param(pname, node=node))
         self.symbol_names: dict[IndexSymbol, str] = {}
+        """The kernel's local variable holding each index symbol (loaded from the table)."""
         for sym in symbols:
-            pname = scope.claim(sym.identifier, "sym")
-            self.symbol_names[sym] = pname
-            self.params.append(Param(pname, symbol=sym))
+            self.symbol_names[sym] = scope.claim(sym.identifier, "sym")
+        if symbols:
+            self.params.append(Param(scope.claim("symbol_table", "symbol_table"), symbols=True))
         if dynamic:
             self.params.append(Param("error"))
         self.names = Names({*scope.taken, "error"})
+
+    def program_id(self, points: int) -> str:
+        """The program's number, in int64 when the grid's ``points`` reach :data:`WIDE`."""
+        number = "program" if self.segment else "tl.program_id(0)"
+        return f"{number}.to(tl.int64)" if points >= WIDE else number
 
     # -- output ----------------------------------------------------------------------------
 
@@ -309,12 +345,10 @@ class KernelWriter:
         k, plan = self.kernel, self.plan
         body_start = len(self.lines)
         self.tiles()
-        body = self.lines[body_start:]
-        sig = ", ".join([p.name for p in self.params] + [f"{c}: tl.constexpr" for c in self.constexprs])
-        header = []
-        dns = [self.symbol_names[p.symbol] for p in self.params if p.symbol is not None]
-        deco = f"@triton.jit(do_not_specialize={dns!r})" if dns else "@triton.jit"
-        header.append(deco)
+        body = self.symbol_loads() + self.lines[body_start:]
+        sig = ", ".join(["program"] * self.segment + [p.name for p in self.params]
+                        + [f"{c}: tl.constexpr" for c in self.constexprs])
+        header = ["@triton.jit"]
         header.append(f"def {self.name}({sig}):")
         doc = self.docstring()
         header.append(f'    """{doc[0]}')
@@ -323,6 +357,22 @@ class KernelWriter:
         text = "\n".join(header + body) + "\n"
         return KernelSource(self.name, self.params, dict(self.constexprs), plan.grid, plan.num_warps, plan.num_stages,
                             text, k.tiling, self.uses_dot, self.uses_atomics)
+
+    def symbol_loads(self) -> list[str]:
+        """The kernel's first lines: each index symbol it reads, loaded from the symbol table. A
+        symbol with a size (at most ``2**31``) is narrowed to int32, since the runtime checked its
+        binding; one without a size stays int64, so that a binding past 32 bits fails the
+        kernel's bounds check instead of wrapping onto a row."""
+        table = next((p.name for p in self.params if p.symbols), None)
+        lines = []
+        for sym, name in self.symbol_names.items():
+            if sym not in self.options.symbols:
+                raise OcannlError(f"kernel {self.name} reads index symbol {sym.name}, which is not in its "
+                                  f"routine's symbol table {[s.name for s in self.options.symbols]}")
+            load = f"tl.load({table} + {self.options.symbols.index(sym)})"
+            narrow = sym.size is not None and sym.size <= 2**31
+            lines.append(f"    {name} = {load}{'.to(tl.int32)' if narrow else ''}")
+        return lines
 
     def docstring(self) -> list[str]:
         k = self.kernel
@@ -734,7 +784,7 @@ class KernelWriter:
 
     def store_dynamic(self, s: StoreDynamic, region: Region) -> None:
         node = s.tnode
-        pos = self.position(s.position, node.dims[s.axis], region)
+        pos = self.position(s.position, node, s.axis, region, "scatter")
         offset, axes, checks = self.offset(node, s.indices, region, dynamic=(s.axis, pos), checked=True)
         mask = self.mask(axes, checks, region)
         ptr = self.node_names[node]
@@ -837,7 +887,7 @@ class KernelWriter:
                     # Through a symbol without a size: the binding may pass the axis (an error).
                     unsized = checked and any(isinstance(x, IndexSymbol) and x.size is None for x in index_symbols(idx))
                     if unsized and not ax:
-                        clamped = self.checked_scalar_index(code, dim)
+                        clamped = self.checked_scalar_index(code, dim, self.unsized_index_site(node, idx, dim))
                         coefficients[clamped] = coefficients.get(clamped, 0) + stride
                         continue
                     c = paren(code)
@@ -845,7 +895,7 @@ class KernelWriter:
                     tests = ([f"({c} >= 0)"] if low is None or low < 0 else []) + [f"({c} < {dim})"]
                     checks.append(" & ".join(tests))
                     if unsized:
-                        self.flag_outside(c, dim, ax, region)
+                        self.flag_outside(c, dim, ax, region, self.unsized_index_site(node, idx, dim))
                 terms = ((1, idx.symbol),) if isinstance(idx, Iter) else idx.terms
                 for c, sym in terms:
                     scode, _ = self.symbol_code(sym, region)
@@ -864,23 +914,37 @@ class KernelWriter:
             text = f"{text} + {constant}" if text else str(constant)
         return text.replace("+ -", "- "), axes, checks
 
-    def checked_scalar_index(self, code: str, dim: int) -> str:
+    def site(self, message: str) -> int:
+        """The number a failed check of ``message`` writes to the error flag: a digest of the
+        message (so kernels number their checks alike without sharing a counter), at least 2.
+        Checks raise it with ``tl.atomic_max``, so when several fail, the flag ends the same at
+        every run; the runtime reads the message back from the module's sites."""
+        number = zlib.crc32(message.encode()) % (2**31 - 3) + 2
+        self.sites[number] = message
+        return number
+
+    def unsized_index_site(self, node: TNode, idx: AxisIndex, dim: int) -> int:
+        names = ", ".join(sorted(s.name for s in index_symbols(idx) if isinstance(s, IndexSymbol) and s.size is None))
+        return self.site(f"an index into {node.debug_name} (dims {node.dims}) through index symbol {names}, "
+                         f"which has no size, is outside its axis of size {dim}")
+
+    def checked_scalar_index(self, code: str, dim: int, site: int) -> str:
         """An index the same in every lane (static symbols, scalar loops) the bounds do not
-        prove: outside ``[0, dim)`` it sets the error flag and reads or writes row 0, like the C
-        backend's checked index. A scalar mask would do, but Triton's interpreter cannot combine
-        one with a lane mask."""
+        prove: outside ``[0, dim)`` it raises the error flag to ``site`` and reads or writes row
+        0, like the C backend's checked index. A scalar mask would do, but Triton's interpreter
+        cannot combine one with a lane mask."""
         name = self.temp(code, "idx")
         self.checks_positions = True
-        self.line(f"tl.store(error, 1, mask=({name} < 0) | ({name} >= {dim}))")
+        self.line(f"tl.atomic_max(error, {site}, mask=({name} < 0) | ({name} >= {dim}))")
         return self.temp(f"tl.where(({name} >= 0) & ({name} < {dim}), {name}, 0)", "idx")
 
-    def flag_outside(self, code: str, dim: int, axes: frozenset[str], region: Region) -> None:
-        """Set the error flag where lanes of an unproven index fall outside ``[0, dim)``."""
+    def flag_outside(self, code: str, dim: int, axes: frozenset[str], region: Region, site: int) -> None:
+        """Raise the error flag to ``site`` where lanes of an unproven index fall outside ``[0, dim)``."""
         self.checks_positions = True
         outside = f"({code} < 0) | ({code} >= {dim})"
         lanes = [region.masks[a] for a in sorted(axes) if a in region.masks]
         mask = " & ".join(lanes + [f"({outside})"])
-        self.line(f"tl.store(error + {code} * 0, 1, mask={mask})")
+        self.line(f"tl.atomic_max(error + {code} * 0, {site}, mask={mask})")
 
     def provable(self, idx: AxisIndex, dim: int, region: Region) -> bool:
         return range_within(index_range(idx, region.bounds), dim)
@@ -896,6 +960,8 @@ class KernelWriter:
 
     def mask(self, axes: frozenset[str], checks: list[str], region: Region) -> str | None:
         parts = [region.masks[a] for a in sorted(axes) if a in region.masks] + checks
+        if self.split_last is not None:
+            parts.append(self.split_last[1] if axes else self.split_last[0])
         return " & ".join(parts) if parts else None
 
     def canon_indices(self, indices: tuple[AxisIndex, ...], region: Region) -> tuple:
@@ -913,15 +979,19 @@ class KernelWriter:
                     out.append(("affine", tuple((c, canon(s)) for c, s in terms), off))
         return tuple(out)
 
-    def position(self, e: Expr, dim: int, region: Region) -> Val:
-        """A data-dependent position, checked: out of range sets the error flag."""
+    def position(self, e: Expr, node: TNode, axis: int, region: Region, what: str) -> Val:
+        """A data-dependent position into ``axis`` of ``node`` (``what``: a gather or a
+        scatter), checked: out of range raises the error flag to its site."""
+        dim = node.dims[axis]
+        site = self.site(f"a {what} position into {node.debug_name} (axis {axis} of dims {node.dims}) is outside "
+                         f"its axis")
         v = self.expr(e, region)
         name = self.temp(v.code, "pos")
         self.checks_positions = True
         outside = f"({name} < 0) | ({name} >= {dim})"
         lanes = [region.masks[a] for a in sorted(v.axes) if a in region.masks]
         mask = " & ".join(lanes + [f"({outside})"]) if lanes else outside
-        self.line(f"tl.store(error + {name} * 0, 1, mask={mask})")
+        self.line(f"tl.atomic_max(error + {name} * 0, {site}, mask={mask})")
         return Val(name, v.axes, v.dtype)
 
     # -- the register cache ------------------------------------------------------------------
@@ -995,7 +1065,7 @@ class KernelWriter:
                 hit = self.lookup(key)
                 if hit is not None:
                     return hit
-                pos = self.position(p, node.dims[axis], region)
+                pos = self.position(p, node, axis, region, "gather")
                 offset, axes, checks = self.offset(node, indices, region, dynamic=(axis, pos), checked=True)
                 mask = self.mask(axes, checks, region)
                 if node in self.written:
@@ -1081,7 +1151,7 @@ class FillKernelWriter(KernelWriter):
     def tiles(self) -> None:
         self.constexprs["XBLOCK"] = self.plan.blocks.xblock
         xindex = self.names.word("xindex")
-        self.line(f"{xindex} = {_program_id(self.plan.numel)} * XBLOCK + tl.arange(0, XBLOCK)")
+        self.line(f"{xindex} = {self.program_id(self.plan.numel)} * XBLOCK + tl.arange(0, XBLOCK)")
         for f in self.plan.fills:
             self.fill(f, xindex, "XBLOCK")
 
@@ -1097,7 +1167,7 @@ class FlatKernelWriter(KernelWriter):
             self.constexprs["XBLOCK"] = plan.blocks.xblock
             xindex, xmask = self.names.word("xindex"), self.names.word("xmask")
             expand = "[:, None]" if two_d else ""
-            self.line(f"{xindex} = {_program_id(plan.numel)} * XBLOCK + tl.arange(0, XBLOCK){expand}")
+            self.line(f"{xindex} = {self.program_id(plan.numel)} * XBLOCK + tl.arange(0, XBLOCK){expand}")
             ragged = plan.ragged
             if ragged:  # the last program's tile runs past the grid
                 self.line(f"{xmask} = {xindex} < {plan.numel}")
@@ -1135,8 +1205,14 @@ class DotKernelWriter(KernelWriter):
         self.line(f"# rows ({', '.join(map(str, rows_e))}) x columns ({', '.join(map(str, cols_e))})"
                   + (f" x batch ({', '.join(map(str, batch_e))})" if c.batch else "")
                   + f", summing over ({', '.join(map(str, k_e))})")
-        pid = self.temp("tl.program_id(0)", "pid")
+        pid = self.temp(self.program_id(plan.grid), "pid")
         tiles = npm * npn
+        self.split_pid = None
+        if plan.split_k > 1:  # the slices of one tile are neighbouring programs
+            self.split_pid = self.names.word("pid_k")
+            self.line(f"{self.split_pid} = {pid} % {plan.split_k}")
+            pid = self.temp(f"{pid} // {plan.split_k}", "pid")
+        self.tile_pid = pid
         if c.batch:
             pb = self.names.word("pid_b")
             self.line(f"{pb} = {pid} // {tiles}")
@@ -1186,7 +1262,13 @@ class DotKernelWriter(KernelWriter):
             acc = self.locals[acc_stmt.local].code
         K, k_e = self.plan.k_total, self.plan.k
         k0 = self.names.word("k0")
-        self.line(f"for {k0} in range(0, {K}, BLOCK_K):")
+        if self.split_pid is not None:
+            pk, slice_k = self.split_pid, self.plan.k_slice
+            self.line(f"{acc} = tl.where({pk} == 0, {acc}, 0.0)  # the first slice adds to the initial value")
+            start = self.temp(f"{pk} * {slice_k}", "k_start")
+            self.line(f"for {k0} in range({start}, tl.minimum({start} + {slice_k}, {K}), BLOCK_K):")
+        else:
+            self.line(f"for {k0} in range(0, {K}, BLOCK_K):")
         self.depth += 1
         self.push()
         rka, rkb = self.names.word("rka"), self.names.word("rkb")
@@ -1229,9 +1311,43 @@ class DotKernelWriter(KernelWriter):
         self.uses_dot = True
         self.pop()
         self.depth -= 1
+        if self.split_pid is not None:
+            self.combine_slices(acc)
         if isinstance(acc_stmt, Store):
             result = Val(acc, frozenset({"m", "n"}), dtypes.float32)
             self.store_value(acc_stmt.tnode, acc_stmt.indices, result, region, skip_oob=False)
+
+    def combine_slices(self, acc: str) -> None:
+        """Split-K's second stage, in the kernel: each program stores its slice's partial tile;
+        the tile's last program to finish (a counter per tile) adds the partial tiles in slice
+        order, whichever program that is, so the sum is the same at every run, with no float
+        atomics. The others go on with their loads and stores masked off. On a GPU the barriers
+        and the counter's acquire-release atomic order the partial tiles' stores before their
+        loads (that ordering only matters, and is only exercised, on a GPU: the interpreter runs
+        programs one after another)."""
+        plan, blocks = self.plan, self.plan.blocks
+        tile_cells = blocks.block_m * blocks.block_n
+        split = plan.split_k
+        tiles = plan.grid // split
+        partials, counts = self.names.word("partials"), self.names.word("slices_done")
+        self.params.append(Param(partials, scratch=((self.name, partials), tiles * split * tile_cells, "fp32")))
+        self.params.append(Param(counts, scratch=((self.name, counts), tiles, "i32")))
+        tile, pk = self.tile_pid, self.split_pid
+        cell = self.temp("tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]", "cell")
+        base = self.temp(f"{partials} + {tile} * {split * tile_cells}", "slices")
+        self.line(f'tl.store({base} + {pk} * {tile_cells} + {cell}, {acc}, cache_modifier=".cg")')
+        self.line("tl.debug_barrier()")
+        done = self.temp(f'tl.atomic_add({counts} + {tile}, 1, sem="acq_rel")', "done")
+        last = self.temp(f"{done} == {split - 1}", "last")
+        last_tile = self.temp(f"(tl.zeros([1, 1], tl.int32) + {done}) == {split - 1}", "last")
+        self.line("tl.debug_barrier()")
+        self.line(f'{acc} = tl.load({base} + {cell}, mask={last_tile}, other=0.0, cache_modifier=".cg")')
+        s0 = self.names.word("s0")
+        self.line(f"for {s0} in range(1, {split}):  # in slice order: the same sum at every run")
+        self.line(f'    {acc} += tl.load({base} + {s0} * {tile_cells} + {cell}, mask={last_tile}, other=0.0, '
+                  f'cache_modifier=".cg")')
+        self.line(f"tl.store({counts} + {tile}, 0, mask={last})  # ready for the next run")
+        self.split_last = (last, last_tile)
 
     def operand(self, e: Expr, region: Region, prefix: str) -> str:
         v = self.expr(e, region)
@@ -1326,9 +1442,6 @@ WIDE = 2**31
 points, overflow int32, Triton's default index type: they are computed in int64."""
 
 
-def _program_id(points: int) -> str:
-    """The program's number, in int64 when the grid's ``points`` reach :data:`WIDE`."""
-    return "tl.program_id(0).to(tl.int64)" if points >= WIDE else "tl.program_id(0)"
 
 
 def _store(pointer: str, value: str, mask: str | None) -> str:

@@ -1,0 +1,140 @@
+"""The micro-kernels of the C backend's packed GEMM (ocannl/lowlevel/cpu_schedule.py,
+:class:`~ocannl.lowlevel.cpu_schedule.GemmPlan`; the loops around them are printed by
+``ocannl/backends/codegen.py``).
+
+A micro-kernel computes an ``mr x nr`` tile of cells from two packed strips: ``a``, ``kc`` rows
+of ``mr`` values (the tile's rows of the left operand, ``k`` after ``k``), and ``b``, ``kc`` rows
+of ``nr`` values (its columns of the right operand), adding into the tile ``c`` (row stride
+``ldc``, columns contiguous). Its accumulators are ``mr`` rows of ``nr / lanes`` vectors written
+with GCC/Clang vector extensions (``vector_size``), so the compiler maps them onto the target's
+registers without intrinsics of one instruction set; with ``lanes == 1`` they are scalars and
+the kernel is plain C.
+
+Each accumulator lane is one cell, and every step is a separate multiply and add (the library is
+built with ``-ffp-contract=off``), rounded as the interpreter rounds the term and the running sum:
+lanes never mix, so a cell's value does not depend on which lane or which tile computes it. Two
+kernels per shape follow the two summation orders (docs/semantics.md, "Summation order"):
+
+- ``blocks<B>``: every ``B`` consecutive terms are summed from zero in the registers and the sum
+  is then added to the cell (``kc`` is a multiple of ``B``, so every block is whole in one call);
+- ``inorder``: the registers start from the cells and add the terms one by one.
+"""
+
+from __future__ import annotations
+
+from ocannl.lowlevel.cpu_schedule import MicroKernel
+
+
+def kernel_name(shape: MicroKernel) -> str:
+    """The C name of a micro-kernel: ``ocannl_gemm_6x16_f32x8_blocks64_ab``."""
+    order = f"blocks{shape.block}" if shape.block else "inorder"
+    vector = f"f32x{shape.lanes}" if shape.lanes > 1 else "f32"
+    return f"ocannl_gemm_{shape.mr}x{shape.nr}_{vector}_{order}_{'ab' if shape.a_first else 'ba'}"
+
+
+def vector_types(lanes: int) -> list[str]:
+    """The typedefs a kernel of ``lanes`` floats per vector uses: one aligned (the packed strips
+    are aligned to 64 bytes), one of float alignment for the cells of the result."""
+    if lanes == 1:
+        return []
+    size = 4 * lanes
+    return [
+        f"/* {lanes} floats in one vector register; the second type reads and writes them at any float address. */",
+        f"typedef float ocannl_f32x{lanes} __attribute__((vector_size({size})));",
+        f"typedef float ocannl_f32x{lanes}u __attribute__((vector_size({size}), aligned(4)));",
+    ]
+
+
+def kernel(shape: MicroKernel) -> list[str]:
+    """The lines of the micro-kernel function :func:`kernel_name` names (module docstring)."""
+    mr, nr, lanes = shape.mr, shape.nr, shape.lanes
+    nv = nr // lanes
+    vector = f"ocannl_f32x{lanes}" if lanes > 1 else "float"
+    cells = [(r, v) for r in range(mr) for v in range(nv)]
+
+    def c_cell(r: int, v: int) -> str:
+        offset = " + ".join(p for p in (f"{r}*ldc" if r else "", str(v * lanes) if v else "") if p) or "0"
+        if lanes == 1:
+            return f"c[{offset}]"
+        return f"*({vector}u *)(c + {offset})"
+
+    def product(r: int, v: int) -> str:
+        return f"_a{r} * _b{v}" if shape.a_first else f"_b{v} * _a{r}"
+
+    def step(indent: str) -> list[str]:
+        lines = []
+        for v in range(nv):
+            load = f"b[{nr}*k + {v * lanes}]" if lanes == 1 else f"*(const {vector} *)(b + {nr}*k + {v * lanes})"
+            lines.append(f"{indent}const {vector} _b{v} = {load};")
+        for r in range(mr):
+            lines.append(f"{indent}const float _a{r} = a[{mr}*k + {r}];")
+            lines += [f"{indent}_c{r}_{v} = _c{r}_{v} + {product(r, v)};" for v in range(nv)]
+        return lines
+
+    what = (f"each block of {shape.block} terms summed from zero, then added to c" if shape.block
+            else "added to c one term after the other")
+    lines = [
+        f"/* c[{mr} x {nr}] (row stride ldc) += a[kc x {mr}] * b[kc x {nr}], packed strips, {what};",
+        f"   {mr * nv} accumulators of {lanes} float{'s' if lanes > 1 else ''}, one lane per cell. */",
+        f"static inline void {kernel_name(shape)}(",
+        "    int64_t kc, const float *restrict a, const float *restrict b, float *restrict c, int64_t ldc) {",
+    ]
+    if shape.block:
+        zero = "{0}" if lanes > 1 else "0.0f"
+        lines += [
+            f"  for (int64_t k0 = 0; k0 < kc; k0 += {shape.block}) {{",
+            f"    const int64_t k1 = k0 + {shape.block} < kc ? k0 + {shape.block} : kc;",
+            *(f"    {vector} _c{r}_{v} = {zero};" for r, v in cells),
+            "    for (int64_t k = k0; k < k1; ++k) {",
+            *step("      "),
+            "    }",
+            *(f"    {c_cell(r, v)} = {c_cell(r, v)} + _c{r}_{v};" for r, v in cells),
+            "  }",
+        ]
+    else:
+        lines += [
+            *(f"  {vector} _c{r}_{v} = {c_cell(r, v)};" for r, v in cells),
+            "  for (int64_t k = 0; k < kc; ++k) {",
+            *step("    "),
+            "  }",
+            *(f"  {c_cell(r, v)} = _c{r}_{v};" for r, v in cells),
+        ]
+    return lines + ["}"]
+
+
+class CGemm:
+    """What the C-family walk (``ocannl/backends/codegen.py``) needs from C to print packed
+    GEMMs: the target's vector width, the micro-kernels and the OpenMP spellings."""
+
+    parallel_region = "#pragma omp parallel"
+
+    def __init__(self, vector_bytes: int):
+        self.vector_bytes = vector_bytes
+
+    kernel = staticmethod(kernel)
+    kernel_name = staticmethod(kernel_name)
+    vector_types = staticmethod(vector_types)
+
+    @staticmethod
+    def declarations() -> list[str]:
+        """File-scope lines the first GEMM of a source needs: OpenMP's (for its thread count)."""
+        return ["#ifdef _OPENMP", "#include <omp.h>", "#endif"]
+
+    @staticmethod
+    def work_shared_for(collapse: int) -> str:
+        return "#pragma omp for schedule(dynamic)" + (f" collapse({collapse})" if collapse > 1 else "")
+
+    @staticmethod
+    def aligned_buffer(name: str, size: int) -> str:
+        return f"float {name}[{size}] __attribute__((aligned(64)));"
+
+    @staticmethod
+    def thread_count(name: str) -> list[str]:
+        """Lines declaring ``name``, the number of threads of the enclosing parallel region."""
+        return [
+            "#ifdef _OPENMP",
+            f"const int64_t {name} = omp_get_num_threads();",
+            "#else",
+            f"const int64_t {name} = 1;",
+            "#endif",
+        ]

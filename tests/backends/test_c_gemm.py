@@ -1,0 +1,347 @@
+"""The C backend's packed GEMM (ocannl/lowlevel/cpu_schedule.py, ``GemmPlan``; the micro-kernels in
+ocannl/backends/c/gemm.py): bit for bit the interpreter's results, on every size (ragged ones whose
+tiles and panels have edges, one cell, a batch), for matmul, batched matmul and both gradients,
+with 1 and 2 OpenMP threads, for each kind of micro-kernel (the host's vectors, AVX2, scalar).
+
+Small products are packed only from ``GEMM_MIN_WORK``; the tests lower it to reach the edge cases
+with small, fast sizes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ocannl as oc
+from backend_params import runs_here
+from golden import check_golden
+from ocannl import nn, session, train
+from ocannl.backends.c.emit import emit_c
+from ocannl.errors import OcannlError
+from ocannl.lowlevel import cpu_schedule, dtypes
+from ocannl.lowlevel.cpu_schedule import plan_contraction, plan_gemm
+from ocannl.lowlevel.indexing import Affine, Iter, Symbol
+from ocannl.lowlevel.ir import Binary, Const, Load, RoutineIR, Store, loop, seq
+from ocannl.lowlevel.scalar_ops import Binop
+from ocannl.lowlevel.summation import block_sums
+from ocannl.lowlevel.tnode import TNode
+
+needs_c = pytest.mark.skipif(not runs_here("c"), reason="no working C compiler")
+
+SIZES = [(96, 99, 91), (1, 1, 1), (7, 300, 5), (65, 129, 63), (13, 64, 40), (30, 257, 70)]
+"""``(m, k, n)``: ragged tiles and panels (96 x 91 with k = 99: a 64-term block and a 35-term
+one), one cell, a long thin k, k beyond one ``kc`` panel (257 = 256 + 1), k of one block."""
+
+
+@pytest.fixture
+def packed_from_one(monkeypatch):
+    """Every GEMM-class contraction is packed, however small, and runs on threads."""
+    for name, value in (("GEMM_MIN_WORK", 1), ("GEMM_MIN_TILES", (0, 0)), ("GEMM_PARALLEL_MIN_WORK", 1)):
+        monkeypatch.setattr(cpu_schedule, name, value)
+
+
+def results(backend: str, case: str, m: int, k: int, n: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """The values of one computation on ``backend`` (``case``: ``matmul``, ``bias`` (``a @ b +
+    bias``, a reduction the optimizer inlines into its consumer), ``batched`` (three products of
+    the given size), ``grads`` (one SGD step's gradients of ``sum((a @ b) * r)``)."""
+    session.reset()
+    rng = np.random.default_rng(seed)
+    a_np = rng.standard_normal((m, k)).astype(np.float32)
+    b_np = rng.standard_normal((k, n)).astype(np.float32)
+    ctx = oc.Context(backend)
+    if case == "batched":
+        a = oc.tensor(rng.standard_normal((3, m, k)).astype(np.float32), batch=1, input=1)
+        b = oc.tensor(rng.standard_normal((3, k, n)).astype(np.float32), batch=1, input=1)
+        c = oc.einsum("b|i->o; b|j->i => b|j->o", a, b)
+        ctx.compile(c).run()
+        return {"c": ctx.get(c.value)}
+    if case == "grads":
+        a = oc.param("a", output=m, input=k, init=a_np)
+        b = oc.param("b", output=k, input=n, init=b_np)
+        c = (a @ b).materialize()
+        r = oc.tensor(rng.standard_normal((m, n)).astype(np.float32), input=1, label="r")
+        update = train.grad_update((c * r).sum())
+        ctx.compile(update).run()
+        return {"c": ctx.get(c.value), "a.grad": ctx.get(a.grad), "b.grad": ctx.get(b.grad)}
+    a, b = oc.tensor(a_np, input=1), oc.tensor(b_np, input=1)
+    c = a @ b
+    if case == "bias":
+        c = c + oc.tensor(rng.standard_normal(n).astype(np.float32), input=1)
+    ctx.compile(c).run()
+    return {"c": ctx.get(c.value)}
+
+
+def assert_same_bits(got: dict[str, np.ndarray], expected: dict[str, np.ndarray], what: str) -> None:
+    assert got.keys() == expected.keys()
+    for name, value in expected.items():
+        assert got[name].shape == value.shape, f"{what}: {name}"
+        assert np.array_equal(got[name].view(np.uint32), value.view(np.uint32)), (
+            f"{what}: {name} differs from the interpreter in "
+            f"{int((got[name].view(np.uint32) != value.view(np.uint32)).sum())} cells")
+
+
+def c_source(build) -> str:
+    """The C source the backend compiles for the computation ``build()`` returns."""
+    session.reset()
+    routine = oc.Context("c").compile(build())
+    return routine._executable.source.text
+
+
+# ---------------------------------------------------------------------------------------------
+# Bits
+
+
+@needs_c
+@pytest.mark.parametrize("case", ["matmul", "bias", "batched", "grads"])
+@pytest.mark.parametrize("m,k,n", SIZES, ids=[f"{m}x{k}x{n}" for m, k, n in SIZES])
+def test_packed_gemm_equals_interpreter(packed_from_one, case, m, k, n):
+    assert_same_bits(results("c", case, m, k, n), results("interp", case, m, k, n), f"{case} {m}x{k}x{n}")
+
+
+@needs_c
+def test_every_product_of_a_training_step_is_packed(packed_from_one):
+    """The forward product and both gradient products print as packed GEMMs."""
+    def build():
+        a = oc.param("a", output=30, input=70, init=np.ones((30, 70), np.float32))
+        b = oc.param("b", output=70, input=20, init=np.ones((70, 20), np.float32))
+        return train.grad_update(((a @ b).materialize() * oc.tensor(np.ones((30, 20), np.float32), input=1)).sum())
+
+    text = c_source(build)
+    assert text.count("as a packed GEMM") == 3, text
+    assert "static inline void ocannl_gemm_" in text
+    from ocannl.backends.c import compiler
+    assert (text.count("#pragma omp parallel\n") == 3) == compiler.toolchain().openmp
+
+
+@needs_c
+@pytest.mark.parametrize("m,k,n", [(16, 32, 16), (64, 128, 10)])
+def test_small_and_narrow_products_keep_register_tiles(m, k, n):
+    """Below ``GEMM_MIN_WORK`` multiply-adds, or narrower than a micro-kernel tile
+    (``GEMM_MIN_TILES``), packing would cost more than it saves."""
+    text = c_source(lambda: oc.tensor(np.ones((m, k), np.float32), input=1)
+                    @ oc.tensor(np.ones((k, n), np.float32), input=1))
+    assert "as a packed GEMM" not in text and "register tiles" in text
+
+
+@needs_c
+@pytest.mark.slow
+def test_packed_gemm_1024_equals_interpreter():
+    assert_same_bits(results("c", "matmul", 1024, 1024, 1024), results("interp", "matmul", 1024, 1024, 1024), "1024")
+
+
+def transformer_step_values(packed: bool) -> dict[str, np.ndarray]:
+    """A transformer block's parameters after two SGD steps on C, every GEMM-class contraction
+    packed or none: its attention's einsums have batch and head loops around their products,
+    its projections rows and columns of two loops each, its gradients sums over two batch loops
+    in blocks."""
+    session.reset()
+    oc.seed(0)
+    rng = np.random.default_rng(0)
+    x = oc.tensor(rng.standard_normal((4, 16, 32)).astype(np.float32), batch=2, label="x")
+    target = oc.tensor(rng.standard_normal((4, 16, 32)).astype(np.float32), batch=2, label="target")
+    block = nn.transformer_block(num_heads=2, d_k=16, d_ff=64, label="block")
+    diff = block(x) - target
+    update = train.grad_update((diff * diff).mean(label="loss"))
+    ctx = oc.Context("c")
+    routine = ctx.compile(update, train.sgd_update(update, lr=0.1))
+    assert ("as a packed GEMM" in routine._executable.source.text) == packed
+    routine.run()
+    routine.run()
+    return {p.label: ctx.get(p.value) for p in block.params}
+
+
+@needs_c
+def test_attention_and_projections_packed_equal_register_tiles(monkeypatch):
+    """The same C code but for the GEMMs, so the math library (which may differ from numpy's in
+    the last bit) is the same on both sides."""
+    monkeypatch.setattr(cpu_schedule, "GEMM_MIN_WORK", 1 << 62)
+    tiles = transformer_step_values(packed=False)
+    monkeypatch.setattr(cpu_schedule, "GEMM_MIN_WORK", 1)
+    monkeypatch.setattr(cpu_schedule, "GEMM_MIN_TILES", (0, 0))
+    assert_same_bits(transformer_step_values(packed=True), tiles, "transformer block")
+
+
+def cnn_step_values(backend: str) -> dict[str, np.ndarray]:
+    """Two SGD steps of two 3x3 convolutions (padded, then strided and valid) over a batch of
+    8x8 images of 3 channels: their products over channels and taps are implicit GEMMs."""
+    session.reset()
+    oc.seed(0)
+    rng = np.random.default_rng(0)
+    x = oc.tensor(rng.standard_normal((8, 8, 8, 3)).astype(np.float32), batch=1, label="x")
+    conv1, conv2 = nn.conv2d(16, label="conv1"), nn.conv2d(8, stride=2, use_padding=False, label="conv2")
+    y = conv2(oc.relu(conv1(x)))
+    update = train.grad_update((y * y).mean(label="loss"))
+    ctx = oc.Context(backend)
+    routine = ctx.compile(update, train.sgd_update(update, lr=0.01))
+    routine.run()
+    routine.run()
+    return {p.label: ctx.get(p.value) for p in (*conv1.params, *conv2.params)}
+
+
+@needs_c
+def test_convolutions_as_implicit_gemms_equal_interpreter(packed_from_one):
+    session.reset()
+    assert_same_bits(cnn_step_values("c"), cnn_step_values("interp"), "cnn")
+
+
+# ---------------------------------------------------------------------------------------------
+# Threads and targets
+
+_THREADS_SCRIPT = """
+import json, sys
+import numpy as np
+from ocannl.lowlevel import cpu_schedule
+cpu_schedule.GEMM_MIN_WORK = 1
+cpu_schedule.GEMM_MIN_TILES = (0, 0)
+cpu_schedule.GEMM_PARALLEL_MIN_WORK = 1
+from test_c_gemm import results
+out = {}
+for case, m, k, n in json.loads(sys.argv[1]):
+    for name, value in results("c", case, m, k, n).items():
+        out[f"{case} {m}x{k}x{n} {name}"] = value
+np.savez(sys.argv[2], **out)
+"""
+
+
+@needs_c
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bits_do_not_depend_on_the_thread_count(tmp_path, threads):
+    """Every product runs in a parallel region (``GEMM_PARALLEL_MIN_WORK`` lowered); OpenMP reads
+    its thread count when it starts, so each count runs in a process of its own."""
+    cases = [("matmul", 96, 99, 91), ("grads", 65, 129, 63), ("batched", 40, 300, 33), ("bias", 130, 200, 70)]
+    tests_dir = Path(__file__).resolve().parent
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads),
+               PYTHONPATH=os.pathsep.join([str(tests_dir), str(tests_dir.parent), os.environ.get("PYTHONPATH", "")]))
+    path = tmp_path / "c.npz"
+    subprocess.run([sys.executable, "-c", _THREADS_SCRIPT, json.dumps(cases), str(path)], env=env, check=True,
+                   timeout=300)
+    got = np.load(path)
+    for case, m, k, n in cases:
+        for name, value in results("interp", case, m, k, n).items():
+            key = f"{case} {m}x{k}x{n} {name}"
+            assert np.array_equal(got[key].view(np.uint32), value.view(np.uint32)), f"{key}, {threads} threads"
+
+
+@needs_c
+@pytest.mark.parametrize("isa,kernel", [
+    ("portable", "_f32_"),
+    *(pytest.param(isa, kernel, marks=pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),
+                                                         reason="an x86-64 target"))
+      for isa, kernel in (("x86-64-v2", "_f32x4_"), ("x86-64-v3", "_f32x8_"))),
+])
+def test_each_micro_kernel_equals_interpreter(packed_from_one, monkeypatch, isa, kernel):
+    """The scalar kernel of ``portable``, the SSE one of ``x86-64-v2`` (4 floats a vector) and
+    the AVX2 one of ``x86-64-v3`` (8), besides the host's own (the tests above)."""
+    monkeypatch.setenv("OCANNL_C_ISA", isa)
+    from ocannl.backends.c import compiler
+    try:
+        compiler.toolchain()
+    except OcannlError as e:  # this CPU or compiler has no such target
+        pytest.skip(f"c_isa={isa}: {e}")
+    text = c_source(lambda: oc.tensor(np.ones((20, 70), np.float32), input=1)
+                    @ oc.tensor(np.ones((70, 30), np.float32), input=1))
+    assert "ocannl_gemm_" in text and kernel in text
+    for case, (m, k, n) in [("matmul", (96, 99, 91)), ("grads", (13, 64, 40)), ("bias", (30, 257, 70))]:
+        assert_same_bits(results("c", case, m, k, n), results("interp", case, m, k, n), f"{isa} {case}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan
+
+
+def accumulate(node: TNode, cell: tuple, term) -> Store:
+    """``node[cell] := node[cell] + term``."""
+    return Store(node, cell, Binary(Binop.ADD, Load(node, cell), term))
+
+
+def matmul_nest(m: int, k: int, n: int, dtype=dtypes.float32, block: bool = True):
+    """The loop nest of ``c[i, j] := 0; c[i, j] += a[i, l] * b[l, j]``, in the summation order's
+    blocks unless ``block`` is false."""
+    a, b, c = TNode("a", (m, k), dtype), TNode("b", (k, n), dtype), TNode("c", (m, n), dtype)
+    i, j, l = Symbol(), Symbol(), Symbol()
+    cell = (Iter(i), Iter(j))
+    term = Binary(Binop.MUL, Load(a, (Iter(i), Iter(l))), Load(b, (Iter(l), Iter(j))))
+    nest = loop(i, m, loop(j, n, seq(Store(c, cell, Const(0 if dtype is dtypes.int32 else 0.0, dtype)),
+                                     loop(l, k, accumulate(c, cell, term)))))
+    if block:
+        nest = block_sums(RoutineIR("matmul", nest)).body
+    return nest, (a, b, c), (i, j, l)
+
+
+def test_plan_of_a_matmul():
+    nest, (a, b, _), (i, j, _) = matmul_nest(50, 200, 40)
+    plan = plan_contraction(nest, 32)
+    g = plan.gemm
+    assert g is not None and g.depth == 200 and len(g.k) == 1 and g.block == 64
+    assert (g.rows, g.cols, g.outer) == (((i, 50),), ((j, 40),), ()) and (g.a.tnode, g.b.tnode) == (a, b)
+    assert g.a_first and (g.mr, g.nr, g.lanes) == (*cpu_schedule.GEMM_TILES[32], 8)
+    assert g.kc % g.block == 0, "a block must never straddle two panels"
+    assert g.a_k_unit and not g.b_k_unit and g.c_strides == (40, 1)
+    assert plan_contraction(nest).gemm is None, "without a vector width, the target has no packed GEMM"
+
+
+def test_plan_of_a_projection_over_several_loops():
+    """``y[b, s, h, d] += w[h, d, i] * x[b, s, i]`` (a multi-head projection): rows are ``(b, s)``,
+    columns ``(h, d)``, each a flat index of two loops; the result is linear in both."""
+    x, w, y = TNode("x", (4, 16, 32)), TNode("w", (2, 16, 32)), TNode("y", (4, 16, 2, 16))
+    b, s, h, d, i = Symbol(), Symbol(), Symbol(), Symbol(), Symbol()
+    cell = (Iter(b), Iter(s), Iter(h), Iter(d))
+    term = Binary(Binop.MUL, Load(w, (Iter(h), Iter(d), Iter(i))), Load(x, (Iter(b), Iter(s), Iter(i))))
+    nest = loop(b, 4, loop(s, 16, loop(h, 2, loop(d, 16, seq(
+        Store(y, cell, Const(0.0, dtypes.float32)), loop(i, 32, accumulate(y, cell, term)))))))
+    g = plan_contraction(nest, 32).gemm
+    assert g is not None and (g.rows, g.cols, g.k) == (((b, 4), (s, 16)), ((h, 2), (d, 16)), ((i, 32),))
+    assert not g.a_first and g.a.tnode is x and g.c_strides == (32, 1) and g.block is None
+
+
+def test_golden_packed_gemm(update_golden, monkeypatch):
+    """The printed packed GEMM of a ragged matmul (k = 200: three blocks of 64 and one of 8) for
+    an AVX2 target, on threads, pinned for review."""
+    monkeypatch.setattr(cpu_schedule, "GEMM_PARALLEL_MIN_WORK", 1)
+    nest, _, _ = matmul_nest(50, 200, 40)
+    check_golden("c/packed_gemm.c", emit_c(RoutineIR("packed_gemm", nest), vector_bytes=32).text, update_golden)
+
+
+def test_plan_rejects_what_is_not_gemm_class():
+    ints, _, _ = matmul_nest(50, 200, 40, dtype=dtypes.int32, block=False)
+    assert plan_contraction(ints, 32).gemm is None, "integer products keep register tiles"
+    deep, _, _ = matmul_nest(8, 5000, 8)
+    assert plan_contraction(deep, 32).gemm is None, "blocks of blocks (k > 64 x 64) keep register tiles"
+    # A matrix-vector product: no loop for columns.
+    a, v, y = TNode("a", (300, 400)), TNode("v", (400,)), TNode("y", (300,))
+    i, l = Symbol(), Symbol()
+    step = accumulate(y, (Iter(i),), Binary(Binop.MUL, Load(a, (Iter(i), Iter(l))), Load(v, (Iter(l),))))
+    plan = plan_contraction(loop(i, 300, loop(l, 400, step)), 32)
+    assert plan is not None and plan.gemm is None
+
+
+def test_plan_of_a_convolution_is_an_implicit_gemm():
+    """``y[o, t] += x[ci, t + kk] * w[o, ci, kk]``: rows ``o``, columns ``t``, and the terms the
+    flat index of the channel and tap loops."""
+    x, w, y = TNode("x", (16, 130)), TNode("w", (40, 16, 3)), TNode("y", (40, 128))
+    o, t, ci, kk = Symbol(), Symbol(), Symbol(), Symbol()
+    cell = (Iter(o), Iter(t))
+    term = Binary(Binop.MUL, Load(x, (Iter(ci), Affine(((1, t), (1, kk))))), Load(w, (Iter(o), Iter(ci), Iter(kk))))
+    conv = loop(o, 40, loop(t, 128, seq(Store(y, cell, Const(0.0, dtypes.float32)),
+                                        loop(ci, 16, loop(kk, 3, accumulate(y, cell, term))))))
+    g = plan_contraction(conv, 32).gemm
+    assert g is not None and (g.rows, g.cols, g.k) == (((o, 40),), ((t, 128),), ((ci, 16), (kk, 3)))
+    assert not g.a_first and g.a.tnode is w and g.block is None
+
+
+def test_plan_gemm_sizes_its_tiles_by_the_vector_width():
+    nest, _, _ = matmul_nest(20, 300, 300)
+    plan = plan_contraction(nest)
+    for vector_bytes, lanes in ((64, 16), (32, 8), (16, 4), (0, 1)):
+        g = plan_gemm(plan, vector_bytes)
+        assert (g.mr, g.nr) == cpu_schedule.GEMM_TILES[vector_bytes] and g.lanes == lanes and g.nr % lanes == 0
+        assert g.mc % g.mr == 0 and g.nc % g.nr == 0 and g.kc % g.block == 0
+    one_row, _, _ = matmul_nest(1, 300, 300)
+    assert plan_gemm(plan_contraction(one_row), 32) is None, "narrower than a tile: register tiles"
