@@ -77,14 +77,18 @@ def softmax(x: Tensor, spec: str = "... | ..., t", temperature: float = 1.0) -> 
 
 def max_pool2d(x: Tensor, stride: int = 2, window_size: int = 2) -> Tensor:
     """The maximum over ``window_size``-square windows of the two output axes before the
-    channels (``... | h, w, ..c..``), moving by ``stride``: a tropical einsum with a zero kernel
-    carrying the window's shape, giving ``floor((h - window_size) / stride) + 1`` rows as PyTorch's
-    ``MaxPool2d`` (the cells past the last window are not read; docs/semantics.md, "Convolution
-    sizes"). At a tie, the gradient goes to the window's first maximum in row-major order, as
-    PyTorch's (docs/semantics.md, "Gradients at ties")."""
-    window = tensor(np.zeros((window_size, window_size), np.float32), label="pool_window")
-    spec = (f"... | {stride}*oh<+wh, {stride}*ow<+ww, ..c..; wh, ww => ... | oh, ow, ..c..")
-    return ops.tropical(spec, x, window, label="max_pool2d")
+    channels (``... | h, w, ..c..``), moving by ``stride``: a one-operand max einsum whose window
+    axes get their size from the captured labels, giving ``floor((h - window_size) / stride) + 1``
+    rows as PyTorch's ``MaxPool2d`` (the cells past the last window are not read;
+    docs/semantics.md, "Convolution sizes"). Each result is one of the window's values, a
+    negative zero included, as PyTorch's; no kernel operand is added to each term. At a tie, the
+    gradient goes to the window's first maximum in row-major order, as PyTorch's
+    (docs/semantics.md, "Gradients at ties")."""
+    spec = f"... | {stride}*oh<+wh, {stride}*ow<+ww, ..c.. => ... | oh, ow, ..c.."
+    y = ops.einmax(spec, x, capture=["wh", "ww"], label="max_pool2d")
+    y.captured["wh"].set(window_size)
+    y.captured["ww"].set(window_size)
+    return y
 
 
 def avg_pool2d(x: Tensor, stride: int = 2, window_size: int = 2) -> Tensor:

@@ -345,6 +345,29 @@ def test_pools_with_a_stride_not_dividing_the_input(backend, pool):
     assert_close(grad, torch_grads(ty, weights, [tx])[0], f"{pool}_pool2d grad")
 
 
+@pytest.mark.parametrize("backend", EVERY)
+def test_max_pool_returns_the_window_values_and_grads_the_first_maximum(backend):
+    """Each result is one of its window's values, bit for bit (a negative zero stays negative,
+    as PyTorch's: no zero kernel is added to the terms), and the one operand is the pooled input;
+    at a tie (a window of equal values) the gradient goes to the first maximum in row-major
+    order, as PyTorch's."""
+    xv = f32((2, 4, 6, 3))
+    xv[0, :2, :2, 0] = -0.0
+    xv[1, 2:, 2:4, 1] = 1.5
+    xp, x = batched(xv, 1, "x")
+    y = nn.max_pool2d(x)
+    assert len(y.operands) == 1
+    tx = torch.tensor(xv, requires_grad=True)
+    ty = F.max_pool2d(_channels_first(tx), kernel_size=2, stride=2).permute(0, 2, 3, 1)
+    weights = f32(y.dims)
+    ours, (grad,), _ = run_grad(backend, y, weights, [xp], batch=1)
+    assert ours.tobytes() == ty.detach().numpy().tobytes()
+    assert np.signbit(ours[0, 0, 0, 0])
+    (ty * torch.from_numpy(weights)).sum().backward()
+    assert np.array_equal(grad != 0, tx.grad.numpy() != 0)
+    assert_close(grad, tx.grad.double(), "max_pool2d grad")
+
+
 # ---------------------------------------------------------------------------------------------
 # dropout
 

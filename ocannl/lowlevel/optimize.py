@@ -4,9 +4,13 @@
 ``<routine>-unoptimized.ll`` and its output as ``<routine>.ll``. It composes passes that can each
 be run and tested alone:
 
-0. :func:`~ocannl.lowlevel.overwrite.fold_fills` — a fill whose node the next access writes in
-   every cell moves into that write: a gradient's zero fill into its first contribution, which
-   then overwrites instead of adding to zeros. It runs first, so that a gradient which only
+0. :func:`~ocannl.lowlevel.gather.gather_scatters` — a scatter-accumulation whose written
+   index is a sum of two loops (a convolution's input gradient) iterates over the written cells
+   instead, each cell's terms in their order: a reduction each cell owns. It runs first, so
+   that the fill before the scatter can fold into the gather.
+   Then :func:`~ocannl.lowlevel.overwrite.fold_fills` — a fill whose node the next access writes
+   in every cell moves into that write: a gradient's zero fill into its first contribution, which
+   then overwrites instead of adding to zeros. It runs before inlining, so that a gradient which only
    passes another's values on (``a.grad[I] := 0.0 + b.grad[I]``) is a copy that
    :func:`virtualize` can inline.
 1. :func:`trace` — per node, which top-level statements write it and with which index patterns,
@@ -58,6 +62,7 @@ from ocannl import config
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.analysis import normalize_index
 from ocannl.lowlevel.dtypes import DType
+from ocannl.lowlevel.gather import gather_scatters
 from ocannl.lowlevel.indexing import Affine, AnySymbol, AxisIndex, Fixed, IndexSymbol, Iter, Symbol
 from ocannl.lowlevel.ir import (
     Binary, Cast, Comment, Const, DeclareLocal, EmbedIndex, Expr, Fill, For, GetLocal, Load, LoadDynamic, Local,
@@ -74,12 +79,14 @@ from ocannl.lowlevel.tnode import MemoryMode, TNode
 def optimize(
     routine: RoutineIR, keep: Collection[TNode] | None = None, *, fast_math: bool | None = None
 ) -> RoutineIR:
-    """The optimized form of ``routine``: :func:`~ocannl.lowlevel.overwrite.fold_fills`,
+    """The optimized form of ``routine``: :func:`~ocannl.lowlevel.gather.gather_scatters`,
+    :func:`~ocannl.lowlevel.overwrite.fold_fills`,
     :func:`virtualize` (nodes outside ``keep``; ``None``: :func:`materialized_nodes`),
     :func:`~ocannl.lowlevel.overwrite.forward_stores`, :func:`simplify`,
     :func:`eliminate_common_subexpressions`, and under the fast setting (``fast_math``, else
     ``config.flag("fast_math")``) :func:`form_fma`."""
     keep = materialized_nodes(routine) if keep is None else keep
+    routine = gather_scatters(routine)
     routine = fold_fills(routine)
     routine = virtualize(routine, keep)
     routine = forward_stores(routine)
