@@ -48,6 +48,11 @@ class OutOfBoundsError(OcannlError):
     """A buffer access outside the buffer's dims (reported by the interpreter with the IR location)."""
 
 
+class KernelMemoryError(OcannlError, MemoryError):
+    """Compiled code could not allocate the working memory it needs (the C backend's packing
+    buffers of a matrix product): the message names the product and the size."""
+
+
 class CompileError(OcannlError):
     """A compiler rejected a generated source, or did not produce a loadable library (a bug in
     ocannl, or a broken toolchain: the message holds the command and the compiler's output)."""

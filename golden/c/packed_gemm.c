@@ -11,6 +11,7 @@
 #define OCANNL_NEST_FN
 #endif
 
+#include <stdlib.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -20,9 +21,12 @@ typedef float ocannl_f32x8 __attribute__((vector_size(32)));
 typedef float ocannl_f32x8u __attribute__((vector_size(32), aligned(4)));
 
 /* c[6 x 16] (row stride ldc) += a[kc x 6] * b[kc x 16], packed strips, each block of 64 terms summed from zero, then added to c;
-   12 accumulators of 8 floats, one lane per cell. */
+   12 accumulators of 8 floats, one lane per cell; fresh: c holds no value yet,
+   its cells start from start (their reset). */
 static inline void ocannl_gemm_6x16_f32x8_blocks64_ab(
-    int64_t kc, const float *restrict a, const float *restrict b, float *restrict c, int64_t ldc) {
+    int64_t kc, const float *restrict a, const float *restrict b, float *restrict c, int64_t ldc,
+    int fresh, float start) {
+  const ocannl_f32x8 _s = {start, start, start, start, start, start, start, start};
   for (int64_t k0 = 0; k0 < kc; k0 += 64) {
     const int64_t k1 = k0 + 64 < kc ? k0 + 64 : kc;
     ocannl_f32x8 _c0_0 = {0};
@@ -59,18 +63,33 @@ static inline void ocannl_gemm_6x16_f32x8_blocks64_ab(
       _c5_0 = _c5_0 + _a5 * _b0;
       _c5_1 = _c5_1 + _a5 * _b1;
     }
-    *(ocannl_f32x8u *)(c + 0) = *(ocannl_f32x8u *)(c + 0) + _c0_0;
-    *(ocannl_f32x8u *)(c + 8) = *(ocannl_f32x8u *)(c + 8) + _c0_1;
-    *(ocannl_f32x8u *)(c + 1*ldc) = *(ocannl_f32x8u *)(c + 1*ldc) + _c1_0;
-    *(ocannl_f32x8u *)(c + 1*ldc + 8) = *(ocannl_f32x8u *)(c + 1*ldc + 8) + _c1_1;
-    *(ocannl_f32x8u *)(c + 2*ldc) = *(ocannl_f32x8u *)(c + 2*ldc) + _c2_0;
-    *(ocannl_f32x8u *)(c + 2*ldc + 8) = *(ocannl_f32x8u *)(c + 2*ldc + 8) + _c2_1;
-    *(ocannl_f32x8u *)(c + 3*ldc) = *(ocannl_f32x8u *)(c + 3*ldc) + _c3_0;
-    *(ocannl_f32x8u *)(c + 3*ldc + 8) = *(ocannl_f32x8u *)(c + 3*ldc + 8) + _c3_1;
-    *(ocannl_f32x8u *)(c + 4*ldc) = *(ocannl_f32x8u *)(c + 4*ldc) + _c4_0;
-    *(ocannl_f32x8u *)(c + 4*ldc + 8) = *(ocannl_f32x8u *)(c + 4*ldc + 8) + _c4_1;
-    *(ocannl_f32x8u *)(c + 5*ldc) = *(ocannl_f32x8u *)(c + 5*ldc) + _c5_0;
-    *(ocannl_f32x8u *)(c + 5*ldc + 8) = *(ocannl_f32x8u *)(c + 5*ldc + 8) + _c5_1;
+    if (fresh && k0 == 0) {
+      *(ocannl_f32x8u *)(c + 0) = _s + _c0_0;
+      *(ocannl_f32x8u *)(c + 8) = _s + _c0_1;
+      *(ocannl_f32x8u *)(c + 1*ldc) = _s + _c1_0;
+      *(ocannl_f32x8u *)(c + 1*ldc + 8) = _s + _c1_1;
+      *(ocannl_f32x8u *)(c + 2*ldc) = _s + _c2_0;
+      *(ocannl_f32x8u *)(c + 2*ldc + 8) = _s + _c2_1;
+      *(ocannl_f32x8u *)(c + 3*ldc) = _s + _c3_0;
+      *(ocannl_f32x8u *)(c + 3*ldc + 8) = _s + _c3_1;
+      *(ocannl_f32x8u *)(c + 4*ldc) = _s + _c4_0;
+      *(ocannl_f32x8u *)(c + 4*ldc + 8) = _s + _c4_1;
+      *(ocannl_f32x8u *)(c + 5*ldc) = _s + _c5_0;
+      *(ocannl_f32x8u *)(c + 5*ldc + 8) = _s + _c5_1;
+    } else {
+      *(ocannl_f32x8u *)(c + 0) = *(ocannl_f32x8u *)(c + 0) + _c0_0;
+      *(ocannl_f32x8u *)(c + 8) = *(ocannl_f32x8u *)(c + 8) + _c0_1;
+      *(ocannl_f32x8u *)(c + 1*ldc) = *(ocannl_f32x8u *)(c + 1*ldc) + _c1_0;
+      *(ocannl_f32x8u *)(c + 1*ldc + 8) = *(ocannl_f32x8u *)(c + 1*ldc + 8) + _c1_1;
+      *(ocannl_f32x8u *)(c + 2*ldc) = *(ocannl_f32x8u *)(c + 2*ldc) + _c2_0;
+      *(ocannl_f32x8u *)(c + 2*ldc + 8) = *(ocannl_f32x8u *)(c + 2*ldc + 8) + _c2_1;
+      *(ocannl_f32x8u *)(c + 3*ldc) = *(ocannl_f32x8u *)(c + 3*ldc) + _c3_0;
+      *(ocannl_f32x8u *)(c + 3*ldc + 8) = *(ocannl_f32x8u *)(c + 3*ldc + 8) + _c3_1;
+      *(ocannl_f32x8u *)(c + 4*ldc) = *(ocannl_f32x8u *)(c + 4*ldc) + _c4_0;
+      *(ocannl_f32x8u *)(c + 4*ldc + 8) = *(ocannl_f32x8u *)(c + 4*ldc + 8) + _c4_1;
+      *(ocannl_f32x8u *)(c + 5*ldc) = *(ocannl_f32x8u *)(c + 5*ldc) + _c5_0;
+      *(ocannl_f32x8u *)(c + 5*ldc + 8) = *(ocannl_f32x8u *)(c + 5*ldc + 8) + _c5_1;
+    }
   }
 }
 
@@ -80,15 +99,11 @@ static OCANNL_NEST_FN void packed_gemm_tile3(
     float *restrict c,
     int *_status) {
   /* c[i0, i1] := c[i0, i1] + sum of (a[i0, i3] * b[i3, i1]) over i3 < 200, as a packed GEMM: 6x16 micro-kernel, cache blocks mc x kc x nc = 144 x 256 x 512; each block of 64 terms sums from zero, then adds to the cell */
-  for (int64_t i0 = 0; i0 < 50; ++i0) {
-    for (int64_t i1 = 0; i1 < 40; ++i1) {
-      c[40*i0 + i1] = 0.0f;
-    }
-  }
   #pragma omp parallel
   {
-    float _pb[9600] __attribute__((aligned(64)));  /* this thread's packed panel of B */
-    float _pa[10800] __attribute__((aligned(64)));  /* this thread's packed block of A */
+    /* this thread's packed panel of B, then its packed block of A */
+    float *const _pb = (float *)aligned_alloc(64, 81600);
+    if (!_pb) __atomic_store_n(_status, 1, __ATOMIC_RELAXED);
 #ifdef _OPENMP
     const int64_t _nt = omp_get_num_threads();
 #else
@@ -101,6 +116,8 @@ static OCANNL_NEST_FN void packed_gemm_tile3(
     #pragma omp for schedule(dynamic) collapse(2)
     for (int64_t _jc = 0; _jc < 40; _jc += 48) {
       for (int64_t _iu = 0; _iu < 50; _iu += _mu) {
+        if (!_pb) continue;  /* no buffers: the failure is reported */
+        float *const _pa = _pb + 9600;
         const int64_t _nc = 40 - _jc < 48 ? 40 - _jc : 48, _mend = _iu + _mu < 50 ? _iu + _mu : 50;
         for (int64_t _pc = 0; _pc < 200; _pc += 200) {
           const int64_t _kc = 200 - _pc < 200 ? 200 - _pc : 200;
@@ -140,13 +157,13 @@ static OCANNL_NEST_FN void packed_gemm_tile3(
                 const float *_ap = _pa + _ir*_kc, *_bp = _pb + _jr*_kc;
                 const int64_t _h = _mcc - _ir < 6 ? _mcc - _ir : 6, _w = _nc - _jr < 16 ? _nc - _jr : 16;
                 if (_h == 6 && _w == 16) {
-                  ocannl_gemm_6x16_f32x8_blocks64_ab(_kc, _ap, _bp, &c[40*(_ic + _ir) + (_jc + _jr)], 40);
+                  ocannl_gemm_6x16_f32x8_blocks64_ab(_kc, _ap, _bp, &c[40*(_ic + _ir) + (_jc + _jr)], 40, _pc == 0, 0.0f);
                   continue;
                 }
                 /* an edge tile: its cells through a buffer */
                 float _t[96] = {0};
-                for (int64_t _r = 0; _r < _h; ++_r) for (int64_t _q = 0; _q < _w; ++_q) _t[16*_r + _q] = c[40*(_ic + _ir + _r) + (_jc + _jr + _q)];
-                ocannl_gemm_6x16_f32x8_blocks64_ab(_kc, _ap, _bp, _t, 16);
+                for (int64_t _r = 0; _r < _h; ++_r) for (int64_t _q = 0; _q < _w; ++_q) _t[16*_r + _q] = (_pc == 0 ? 0.0f : c[40*(_ic + _ir + _r) + (_jc + _jr + _q)]);
+                ocannl_gemm_6x16_f32x8_blocks64_ab(_kc, _ap, _bp, _t, 16, 0, 0.0f);
                 for (int64_t _r = 0; _r < _h; ++_r) for (int64_t _q = 0; _q < _w; ++_q) c[40*(_ic + _ir + _r) + (_jc + _jr + _q)] = _t[16*_r + _q];
               }
             }
@@ -154,6 +171,7 @@ static OCANNL_NEST_FN void packed_gemm_tile3(
         }
       }
     }
+    free(_pb);
   }
 }
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 import abc
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Mapping, Protocol
 
@@ -47,12 +48,12 @@ from ocannl.lowlevel.identifiers import Namespace, comment_text
 from ocannl.lowlevel.indexing import Affine, AnySymbol, AxisIndex, Fixed, IndexSymbol, Iter, Symbol, index_symbols
 from ocannl.lowlevel.ir import (
     Binary, Cast, Comment, Const, DeclareLocal, EmbedIndex, Expr, Fill, For, GetLocal, Load, LoadDynamic, Local,
-    LocalScope, LoopKind, Namer, RoutineIR, Seq, SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary,
+    LocalScope, Namer, RoutineIR, Seq, SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary,
     format_expr, format_routine, format_stmt, iter_exprs, iter_stmts, seq, stmt_exprs,
 )
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
 from ocannl.lowlevel.cpu_schedule import (
-    PARALLEL_MIN_WORK, ContractionPlan, GemmPlan, MicroKernel, parallel_safe, plan_contraction, work,
+    PARALLEL_MIN_WORK, TILE_PARALLEL_MIN_WORK, ContractionPlan, GemmPlan, MicroKernel, parallel_safe, plan_contraction, work,
 )
 from ocannl.lowlevel.tnode import TNode
 
@@ -152,13 +153,21 @@ class GemmTarget(Protocol):
     def thread_count(self, name: str) -> list[str]:
         """Lines declaring ``name``, the number of threads of the enclosing block."""
 
-    def aligned_buffer(self, name: str, size: int) -> str:
-        """The declaration of a local array of ``size`` floats aligned for the vector loads."""
+    def allocate(self, name: str, size: int) -> str:
+        """The declaration of ``name``, a pointer to ``size`` floats from the heap aligned for
+        the vector loads, null when the allocation fails."""
+
+    def release(self, name: str) -> str:
+        """The statement giving back what :meth:`allocate` took."""
+
+    def report(self, site: int) -> str:
+        """The statement recording the failed check ``site``, safe on any thread."""
 
 
 @dataclass(frozen=True)
 class Site:
-    """A runtime check of the generated code: ``kind`` is ``"index"`` or ``"division"``."""
+    """A runtime check of the generated code: ``kind`` is ``"index"``, ``"division"`` or
+    ``"memory"`` (working memory the code could not allocate)."""
 
     kind: str
     message: str
@@ -457,7 +466,12 @@ class Emitter:
 
     def contraction(self, plan: ContractionPlan) -> None:
         """Prints a contraction as register tiles (see :func:`plan_contraction`); through
-        ``tile_function`` the tiles live in a helper function the body calls."""
+        ``tile_function`` the tiles live in a helper function the body calls.
+
+        A reset of the cells (``out[I] := 0.0`` before the sum, :attr:`ContractionPlan.reset`)
+        prints no store: where the cell's first step would read it back, the accumulator starts
+        from the reset value instead (:meth:`_reset_value`), so each cell is written once, at the
+        end of its tile, and its bits are those of the reset and the sum in their order."""
         saved_out, saved_depth = self._out, self._depth
         self._out, self._depth = _Output(), 1 if self.tile_function else self._depth
         self._statement = plan.store
@@ -483,13 +497,6 @@ class Emitter:
                 + ("each block of terms sums from zero, then adds to the cell */" if plan.blocks is not None
                    else "each cell sums in loop order */")
             )
-        if plan.reset is not None:
-            reset = Store(store.tnode, store.indices, plan.reset)
-            for s, n in reversed(plan.parallel):
-                reset = For(s, n, reset, LoopKind.PARALLEL)
-            self._in_scope += 1  # the reset nest prints as plain loops
-            self.stmt(reset)
-            self._in_scope -= 1
         packed = plan.gemm is not None and self.gemm is not None
         if packed:
             self._gemm(plan, plan.gemm)
@@ -517,17 +524,22 @@ class Emitter:
                 for col_range in _ranges(plan.cols, plan.nr):
                     self._tile_nest(plan, row_range, col_range, plan.blocks)
             return
-        for top in plan.blocks.stmts if isinstance(plan.blocks, Seq) else (plan.blocks,):
+        tops = plan.blocks.stmts if isinstance(plan.blocks, Seq) else (plan.blocks,)
+        for n_top, top in enumerate(tops):
             inner = top
+            # The conditions under which a leaf adds the cell's first block (None: never).
+            fresh: tuple[str, ...] | None = () if n_top == 0 and plan.reset is not None else None
             if isinstance(top, For):
                 var = self.namer.symbol(top.symbol)
                 self.line(f"for ({it} {var} = 0; {var} < {top.extent}; ++{var}) {{")
                 self._depth += 1
                 self._extents[top.symbol] = top.extent
                 inner = top.body
+                fresh = None if fresh is None else (f"{var} == 0",)
             for row_range in _ranges(plan.rows, plan.mr):
                 for col_range in _ranges(plan.cols, plan.nr):
-                    self._tile_nest(plan, row_range, col_range, inner)
+                    self._tile_nest(plan, row_range, col_range, inner, fresh,
+                                    top.extent if isinstance(top, For) else 1)
             if isinstance(top, For):
                 del self._extents[top.symbol]
                 self._depth -= 1
@@ -549,7 +561,7 @@ class Emitter:
                 )
         for row_range in _ranges(plan.rows, plan.mr):
             for col_range in _ranges(plan.cols, plan.nr):
-                self._tile_nest(plan, row_range, col_range)
+                self._tile_nest(plan, row_range, col_range, around=-(-first_extent // plan.block) if blocked else 1)
         if blocked:
             self._depth -= 1
             self.line("}")
@@ -563,7 +575,10 @@ class Emitter:
         (a core that another process slows down does fewer units); a cell is computed by one unit,
         its panels in order, so the result does not depend on the threads. Operands are read
         through their loads as the loop IR writes them (any strides: a transposed operand is
-        packed as it is read); the packed buffers are on each thread's stack."""
+        packed as it is read). Each thread takes its packing buffers from the heap (up to
+        hundreds of KiB: a caller's thread may have a small stack); when that fails the routine
+        reports it as a failed check, and the thread computes no unit. A reset of the cells is
+        the micro-kernel's start on the first panel (``fresh``, ``ocannl/backends/c/gemm.py``)."""
         gemm, syn, it = self.gemm, self.syntax, self.syntax.index_type
         out, idx = plan.store.tnode, plan.store.indices
         m, n, n_k = g.m, g.n, g.depth
@@ -582,6 +597,9 @@ class Emitter:
         self._extents.update(extents)
         parallel = self.parallel and not self._in_parallel and g.parallel
         zero, real = syn.literal(0.0, dtypes.float32), syn.compute_type(dtypes.float32)
+        # The micro-kernel's fresh and start arguments: the cells' reset on the first panel.
+        resets = plan.reset is not None and plan.scope is None
+        fresh, start = ("_pc == 0", self._reset_value(plan)) if resets else ("0", zero)
 
         def minimum(a: str, b: str) -> str:
             return f"{a} < {b} ? {a} : {b}"
@@ -636,7 +654,7 @@ class Emitter:
                 self._env = {}
                 self.line(f"if (_h == {mr} && _w == {nr}) {{")
                 self._depth += 1
-                self.line(f"{gemm.kernel_name(shape)}(_kc, _ap, _bp, &{corner}, {g.c_strides[0]});")
+                self.line(f"{gemm.kernel_name(shape)}(_kc, _ap, _bp, &{corner}, {g.c_strides[0]}, {fresh}, {start});")
                 self.line("continue;")
                 self._depth -= 1
                 self.line("}")
@@ -645,12 +663,12 @@ class Emitter:
             self._env = {**_digits(g.rows, "(_ic + _ir + _r)"), **_digits(g.cols, "(_jc + _jr + _q)")}
             if plan.scope is not None:
                 init = plan.init.value if plan.init is not None else 0.0
-                start = syn.literal(init, dtypes.float32)
+                first = syn.literal(init, dtypes.float32)
             else:
-                start = syn.from_storage(out.dtype, self.access(out, idx))
+                first = self._start(plan, "_pc == 0" if resets else None)
             cells = f"for ({it} _r = 0; _r < _h; ++_r) for ({it} _q = 0; _q < _w; ++_q)"
-            self.line(f"{cells} _t[{nr}*_r + _q] = {start};")
-            self.line(f"{gemm.kernel_name(shape)}(_kc, _ap, _bp, _t, {nr});")
+            self.line(f"{cells} _t[{nr}*_r + _q] = {first};")
+            self.line(f"{gemm.kernel_name(shape)}(_kc, _ap, _bp, _t, {nr}, 0, {zero});")
             if plan.scope is not None:
                 self._scope_values[id(plan.scope)] = f"_t[{nr}*_r + _q]"
                 def consume() -> None:
@@ -675,6 +693,8 @@ class Emitter:
             block(f"for ({it} _ic = _iu; _ic < _mend; _ic += {mc})", tiles)
 
         def unit() -> None:
+            self.line("if (!_pb) continue;  /* no buffers: the failure is reported */")
+            self.line(f"{real} *const _pa = _pb + {panel_b};")
             self.line(f"const {it} _nc = {minimum(f'{n} - _jc', str(nc))}, _mend = {minimum('_iu + _mu', str(m))};")
             block(f"for ({it} _pc = 0; _pc < {n_k}; _pc += {kc})", panel)
 
@@ -688,9 +708,15 @@ class Emitter:
             else:
                 block(loops[depth], lambda: units(depth + 1))
 
+        panel_b = -(-kc * nc // 16) * 16  # the block of A starts 64-byte aligned
+        where = format_stmt(plan.store, self.namer).rstrip(";")
+        site = self.site("memory", f"no memory for a thread's packing buffers ({(panel_b + mc * kc) * 4} bytes) "
+                                   f"of the product in `{where}`")
+
         def region() -> None:
-            self.line(f"{gemm.aligned_buffer('_pb', kc * nc)}  /* this thread's packed panel of B */")
-            self.line(f"{gemm.aligned_buffer('_pa', mc * kc)}  /* this thread's packed block of A */")
+            self.line("/* this thread's packed panel of B, then its packed block of A */")
+            self.line(gemm.allocate("_pb", panel_b + mc * kc))
+            self.line(f"if (!_pb) {gemm.report(site)}")
             if parallel:
                 for line in gemm.thread_count("_nt"):  # preprocessor lines start in the first column
                     self._out.lines.append(line if line.startswith("#") else "  " * self._depth + line)
@@ -703,6 +729,7 @@ class Emitter:
             else:
                 self.line(f"const {it} _mu = {m};")
             units()
+            self.line(gemm.release("_pb"))
 
         block("", region, gemm.parallel_region if parallel else None)
         for s in extents:
@@ -745,10 +772,15 @@ class Emitter:
         const = "" if node in self.written else "const "
         return f"{const}{self.syntax.storage_type(node.dtype)} *{self.syntax.restrict} {self.nodes[node]}"
 
-    def _tile_nest(self, plan: ContractionPlan, rows: tuple, cols: tuple, blocks: Stmt | None = None) -> None:
+    def _tile_nest(self, plan: ContractionPlan, rows: tuple, cols: tuple, blocks: Stmt | None = None,
+                   fresh: tuple[str, ...] | None = None, around: int = 1) -> None:
         """One nest of equal tiles: ``rows``/``cols`` are ``("loop", stop, step)`` (tiles at
         ``0, step, ... < stop``) or ``("at", start, size)`` (one tile); ``blocks``: the part of
-        ``plan.blocks`` each tile runs."""
+        ``plan.blocks`` each tile runs, ``fresh`` the conditions under which its first leaf adds
+        the cell's first block (:meth:`_tile_blocks`); ``around``: the iterations of the loops
+        printed around the nest (cache blocks of the reduction), which share its terms. The
+        nest runs on threads when its own share of the work is worth it
+        (:data:`~ocannl.lowlevel.cpu_schedule.TILE_PARALLEL_MIN_WORK`)."""
         it = self.syntax.index_type
         loops: list[str] = []
         env: dict[Symbol, tuple[str | None, int]] = {}
@@ -773,8 +805,12 @@ class Emitter:
                 env[s] = (None, rng[1])
                 sizes.append(rng[2])
         mr, nr = sizes
+        spans = [rng[1] if rng[0] == "loop" else rng[2] for axis, rng in ((plan.rows, rows), (plan.cols, cols))
+                 if axis is not None]
+        n_cells = math.prod(n for _, n in plan.outer) * math.prod(spans)
+        terms = plan.work // math.prod(n for _, n in plan.parallel)
         pragma = None
-        if self.parallel and not self._in_parallel and loops and plan.work >= PARALLEL_MIN_WORK:
+        if self.parallel and not self._in_parallel and loops and n_cells * terms >= TILE_PARALLEL_MIN_WORK * around:
             pragma = self.syntax.parallel_for(len(loops))
         if pragma:
             self.line(pragma)
@@ -804,7 +840,7 @@ class Emitter:
                 self._scope_values[id(plan.scope)] = f"_c{r}_{q}"
                 self.line(f"{self.access(out, idx)} = {self.stored(out, plan.store.value)};")
         elif blocks is not None:
-            self._tile_blocks(plan, blocks, cells, cell_env)
+            self._tile_blocks(plan, blocks, cells, cell_env, fresh)
         else:
             self._tile_loop_order(plan, cells, cell_env)
         self._scope_values.clear()
@@ -825,12 +861,15 @@ class Emitter:
         def acc(r: int, q: int) -> str:
             return f"_c{r}_{q}"
 
+        fresh = None  # the condition under which the cells hold no value yet ("": always)
+        if plan.scope is None and plan.reset is not None:
+            fresh = "" if plan.block is None else f"_{self.namer.symbol(plan.reductions[0][0])} == 0"
         for r, q in cells:
             self._env = cell_env(r, q)
             if plan.scope is not None:
                 first = self.syntax.literal(plan.init.value if plan.init else _zero(acc_dtype), acc_dtype)
             else:
-                first = self.syntax.from_storage(out.dtype, self.access(out, idx))
+                first = self._start(plan, fresh)
             self.line(f"{ctype} {acc(r, q)} = {first};")
         depth_before = self._depth
         for n_loop, (s, n) in enumerate(plan.reductions):
@@ -862,20 +901,23 @@ class Emitter:
             else:
                 self.line(f"{self.access(out, idx)} = {self.syntax.to_storage(out.dtype, acc(r, q))};")
 
-    def _tile_blocks(self, plan: ContractionPlan, blocks: Stmt, cells: list[tuple[int, int]], cell_env: Callable) -> None:
+    def _tile_blocks(self, plan: ContractionPlan, blocks: Stmt, cells: list[tuple[int, int]], cell_env: Callable,
+                     fresh: tuple[str, ...] | None = None) -> None:
         """A tile's part of a reduction in blocks: loops as loops; at each leaf, every cell sums
-        its block from zero in a register, then adds the block sum to the cell."""
+        its block from zero in a register, then adds the block sum to the cell. ``fresh``: the
+        conditions (all true) under which the leaf adds the cell's first block, which then
+        starts from the reset value rather than from the cell (``None``: never)."""
         match blocks:
             case Seq(stmts=stmts):
-                for x in stmts:
-                    self._tile_blocks(plan, x, cells, cell_env)
+                for n_stmt, x in enumerate(stmts):
+                    self._tile_blocks(plan, x, cells, cell_env, fresh if n_stmt == 0 else None)
                 return
             case For(symbol=symbol, extent=n, body=body):
                 var = self.namer.symbol(symbol)
                 self.line(f"for ({self.syntax.index_type} {var} = 0; {var} < {n}; ++{var}) {{")
                 self._depth += 1
                 self._extents[symbol] = n
-                self._tile_blocks(plan, body, cells, cell_env)
+                self._tile_blocks(plan, body, cells, cell_env, None if fresh is None else (*fresh, f"{var} == 0"))
                 del self._extents[symbol]
                 self._depth -= 1
                 self.line("}")
@@ -886,7 +928,7 @@ class Emitter:
         self._depth += 1
         for r, q in cells:  # the cell is read before the block's loop: C compilers vectorize that
             self._env = cell_env(r, q)
-            start = f"_c{r}_{q}" if plan.scope is not None else self.syntax.from_storage(out.dtype, self.access(out, idx))
+            start = f"_c{r}_{q}" if plan.scope is not None else self._start(plan, None if fresh is None else " && ".join(fresh))
             self.line(f"{self.syntax.compute_type(dtype)} _d{r}_{q} = {start};")
         self._env = {}
         self._tile_block_sum(block, cells, cell_env, 0)
@@ -900,6 +942,21 @@ class Emitter:
         self._env = {}
         self._depth -= 1
         self.line("}")
+
+    def _reset_value(self, plan: ContractionPlan) -> str:
+        """The reset constant as the cell would read it back after storing it (rounded to the
+        node's storage where that is narrower)."""
+        out = plan.store.tnode
+        return self.syntax.from_storage(out.dtype, self.stored(out, plan.reset))
+
+    def _start(self, plan: ContractionPlan, fresh: str | None) -> str:
+        """A cell's value where its sum reads it (at the current ``_env``): the reset value when
+        ``fresh`` (a condition; ``""``: always) holds, the cell otherwise."""
+        out, idx = plan.store.tnode, plan.store.indices
+        cell = self.syntax.from_storage(out.dtype, self.access(out, idx))
+        if fresh is None or plan.reset is None:
+            return cell
+        return self._reset_value(plan) if not fresh else f"({fresh} ? {self._reset_value(plan)} : {cell})"
 
     def _tile_block_sum(self, block: LocalScope, cells: list[tuple[int, int]], cell_env: Callable, level: int) -> None:
         """Each cell's sum of ``block`` from zero in the register ``_b<level>_<r>_<q>``: its loops

@@ -4,7 +4,7 @@ failure status into the project's errors.
 
 Generated code reports a failed check (an index out of range, an integer division by zero) by
 returning ``k > 0``, the number of the *site* the emitter recorded for it (codegen.py's
-``Emitter.site``); the message was written at compile time, so it names the tensor and the
+``Emitter.site``; a failed allocation of working memory is reported the same way); the message was written at compile time, so it names the tensor and the
 statement without the kernel carrying strings.
 """
 
@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ocannl.errors import OutOfBoundsError
+from ocannl.errors import KernelMemoryError, OutOfBoundsError
 from ocannl.lowlevel.ir import RoutineIR
 from ocannl.lowlevel.tnode import TNode
 
@@ -40,4 +40,6 @@ def raise_for_status(status: int, sites: Sequence) -> None:
     site = sites[status - 1]
     if site.kind == "division":
         raise ZeroDivisionError(site.message)
+    if site.kind == "memory":
+        raise KernelMemoryError(site.message)
     raise OutOfBoundsError(site.message)

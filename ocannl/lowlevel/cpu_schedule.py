@@ -23,7 +23,9 @@ interpreter sums: ``kc`` is a multiple of the block, so a block never straddles 
 
 **Parallel loops** (:func:`parallel_safe`, :data:`PARALLEL_MIN_WORK`): a parallel loop whose
 iterations write disjoint cells and read no cell another iteration writes may run on threads;
-it is worth it from :data:`PARALLEL_MIN_WORK` innermost iterations.
+it is worth it from :data:`PARALLEL_MIN_WORK` innermost iterations, register tiles from
+:data:`TILE_PARALLEL_MIN_WORK` multiply-adds in one region, packed GEMMs from
+:data:`GEMM_PARALLEL_MIN_WORK`: each about a tenth of a millisecond of one core's work.
 """
 
 from __future__ import annotations
@@ -43,10 +45,19 @@ from ocannl.lowlevel.scalar_ops import Binop
 from ocannl.lowlevel.schedule import block_terms, blocked_reduction_of, reduction_of
 from ocannl.lowlevel.tnode import TNode
 
-PARALLEL_MIN_WORK = 1 << 17
+PARALLEL_MIN_WORK = 1 << 19
 """A loop nest gets a parallel pragma when it runs at least this many innermost iterations
-(about 0.1 ms of single-threaded work): below that, starting the threads costs more than it
-saves."""
+(about 0.13 ms of single-threaded work for an elementwise loop, measured at 4 ns an
+iteration): below that, waking the sleeping threads and joining them costs more than it saves,
+and more still where another process holds a core (a parallel loop waits for its last
+thread). An MLP training step of 64-256-256-10 ran slower on two threads than on one while
+its small contractions had parallel pragmas."""
+
+TILE_PARALLEL_MIN_WORK = 1 << 21
+"""Multiply-adds (cells x terms) from which one parallel region of register tiles runs on
+threads, counted per region (a nest of tiles inside the loop over the cache blocks of its
+reduction is one region per block): tiles do about 15 multiply-adds a nanosecond on one core,
+so this is about 0.13 ms of work, as :data:`PARALLEL_MIN_WORK` is for plain loops."""
 
 TILE_MIN_WORK = 4096
 """A contraction is register-tiled when (parallel cells) x (reduction steps) reaches this; smaller
@@ -76,8 +87,9 @@ KiB of L2 (x86-64 since Haswell/Zen, recent ARM cores): a ``kc x nr`` micro-pane
 at nr = 16) stays in L1 while the micro-kernel streams an ``mr x kc`` micro-panel of A; the
 ``mc x kc`` block of A (144 KiB) stays in L2 while it meets every micro-panel of the ``kc x nc``
 panel of B (512 KiB, in L2 or L3). ``kc`` is a multiple of the summation order's block (64
-terms), so the blocks of every cell fall whole into one panel. The buffers live on each
-thread's stack: at most ``(mc + nc) * kc`` floats, 656 KiB."""
+terms), so the blocks of every cell fall whole into one panel. Each thread takes its buffers
+from the heap, at most ``(mc + nc) * kc`` floats (656 KiB): more than a small thread stack
+holds."""
 
 GEMM_MIN_WORK = 1 << 15
 """Multiply-adds from which a GEMM-class contraction is packed: below it, packing costs more than
@@ -85,9 +97,9 @@ it saves and the register tiles of :class:`ContractionPlan` do the work."""
 
 GEMM_PARALLEL_MIN_WORK = 1 << 23
 """Multiply-adds from which a packed GEMM runs on threads. A packed GEMM does a multiply-add in
-about 5 ps on one core, far faster than the loops :data:`PARALLEL_MIN_WORK` is sized for, and
-its threads each pack their own panels: below this (about 40 us of work; an MLP step's 64 x 256
-x 256 products measured faster on one thread) waking them and packing twice costs more than the
+about 10 ps on one core (100 G a second), far faster than the loops :data:`PARALLEL_MIN_WORK`
+is sized for, and its threads each pack their own panels: below this (about 80 us of work; an
+MLP step's 64 x 256 x 256 products measured faster on one thread) waking them and packing twice costs more than the
 other cores give."""
 
 GEMM_MIN_TILES = (2, 1)
@@ -179,9 +191,10 @@ class ContractionPlan:
     nest order (the order of ``reductions`` is each cell's summation order and never changes).
     ``rows`` and ``cols`` are the parallel loops tiled ``mr x nr`` (``cols`` unit-stride),
     ``outer`` the other parallel loops; the first reduction loop runs in blocks of ``block`` steps
-    when ``block`` is set. The accumulator of a cell starts from the cell itself (after ``reset``,
-    hoisted into a nest of its own, when there is one), or, when ``scope`` is set, from ``init``
-    in that local scope's variable, and the store's value is then computed from it.
+    when ``block`` is set. The accumulator of a cell starts from the cell itself, or from the
+    ``reset`` constant where the cell is reset before its sum (the reset is never stored: the
+    cell's first read is replaced by its value), or, when ``scope`` is set, from ``init`` in that
+    local scope's variable, and the store's value is then computed from it.
     """
 
     nest: For

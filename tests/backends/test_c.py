@@ -29,7 +29,7 @@ from ocannl.backends import base
 from ocannl.backends.c import CBackend, CExecutable
 from ocannl.backends.c import compiler
 from ocannl.backends.c.emit import emit_c, function_name
-from ocannl.lowlevel.cpu_schedule import PARALLEL_MIN_WORK, plan_contraction
+from ocannl.lowlevel.cpu_schedule import PARALLEL_MIN_WORK, TILE_PARALLEL_MIN_WORK, plan_contraction
 from ocannl.backends.interp import InterpBackend
 from ocannl.errors import BackendUnavailable, OutOfBoundsError
 from ocannl.lowlevel import dtypes, prng_reference
@@ -578,13 +578,16 @@ def test_a_bfloat16_contraction_rounds_every_step():
 
 @needs_cc
 def test_big_parallel_loops_use_openmp_and_stay_identical():
-    n = 1 << 17
+    """An elementwise loop of ``PARALLEL_MIN_WORK`` iterations and register tiles of
+    ``TILE_PARALLEL_MIN_WORK`` multiply-adds (256 x 256 cells of 32 terms) run on threads."""
+    n = PARALLEL_MIN_WORK
     x, y = TNode("x", (n,), dtypes.float32), TNode("y", (n,), dtypes.float32)
-    a, b = TNode("a", (64, 64), dtypes.float32), TNode("b", (64, 64), dtypes.float32)
-    c = TNode("c", (64, 64), dtypes.float32)
+    a, b = TNode("a", (256, 32), dtypes.float32), TNode("b", (32, 256), dtypes.float32)
+    c = TNode("c", (256, 256), dtypes.float32)
     i, j, k = Symbol(), Symbol(), Symbol()
-    mm = accum(c, Binop.ADD, Binop.MUL, (a, b), [(i, 64), (j, 64), (k, 64)], (Iter(i), Iter(j)),
+    mm = accum(c, Binop.ADD, Binop.MUL, (a, b), [(i, 256), (j, 256), (k, 32)], (Iter(i), Iter(j)),
                ((Iter(i), Iter(k)), (Iter(k), Iter(j))), init=True)
+    assert 256 * 256 * 32 >= TILE_PARALLEL_MIN_WORK
     body = seq(pointwise(y, lambda i: Binary(Binop.MAX, Binary(Binop.MUL, Load(x, (i,)), Const(1.5)), Const(0.25))),
                lower_routine("mm", mm).body)
     routine = RoutineIR("parallel", body)
@@ -592,8 +595,8 @@ def test_big_parallel_loops_use_openmp_and_stay_identical():
     assert text.count("#pragma omp parallel for") == 2 and "collapse(2)" in text
     assert work_of(body) >= PARALLEL_MIN_WORK
     rng = np.random.default_rng(9)
-    inputs = {x: rng.standard_normal(n).astype(np.float32), a: rng.standard_normal((64, 64)).astype(np.float32),
-              b: rng.standard_normal((64, 64)).astype(np.float32)}
+    inputs = {x: rng.standard_normal(n).astype(np.float32), a: rng.standard_normal((256, 32)).astype(np.float32),
+              b: rng.standard_normal((32, 256)).astype(np.float32)}
     expected, got = run_both(routine, inputs)
     for node in (y, c):
         assert_same_bits(expected[node], got[node], node.name)

@@ -345,3 +345,207 @@ def test_plan_gemm_sizes_its_tiles_by_the_vector_width():
         assert g.mc % g.mr == 0 and g.nc % g.nr == 0 and g.kc % g.block == 0
     one_row, _, _ = matmul_nest(1, 300, 300)
     assert plan_gemm(plan_contraction(one_row), 32) is None, "narrower than a tile: register tiles"
+
+
+# ---------------------------------------------------------------------------------------------
+# Resets: the accumulators start from the reset constant, the cells are written once
+
+
+RESET_SHAPES = [(32, 32, 48), (32, 99, 48), (24, 300, 40)]
+"""``(m, k, n)``: a sum in loop order (k <= 64), in blocks (64 + 35), in a loop of blocks and a
+shorter last one (4 x 64 + 44)."""
+
+
+def reset_store_lines(text: str, node: str = "c") -> list[str]:
+    """The lines of ``text`` storing a constant into a cell of ``node``: a zeroing loop nest."""
+    import re
+
+    return [line for line in text.splitlines() if re.search(rf"\b{node}\[[^\]]*\] = -?[0-9.]+f?;", line)]
+
+
+@pytest.mark.parametrize("vector_bytes", [None, 32, 0], ids=["register-tiles", "packed-avx2", "packed-scalar"])
+@pytest.mark.parametrize("m,k,n", RESET_SHAPES, ids=[f"{m}x{k}x{n}" for m, k, n in RESET_SHAPES])
+def test_reset_contraction_prints_no_zeroing_nest(packed_from_one, vector_bytes, m, k, n):
+    """``c := 0; c += a * b`` prints no nest storing the zeros before the tiles: the tiles'
+    accumulators (the micro-kernel's on its first panel) start from the reset instead."""
+    nest, _, _ = matmul_nest(m, k, n)
+    text = emit_c(RoutineIR("reset", nest), vector_bytes=vector_bytes).text
+    assert ("as a packed GEMM" in text) == (vector_bytes is not None), text
+    assert reset_store_lines(text) == [], "\n".join(reset_store_lines(text))
+    if vector_bytes is not None:
+        assert ", _pc == 0, 0.0f);" in text, "the first panel's micro-kernel call starts from the reset"
+
+
+def signed_zero_results(backend: str, m: int, k: int, n: int) -> dict[str, np.ndarray]:
+    """``a @ b`` and the gradients of ``sum((a @ b) * r)`` where some rows of ``a`` and some
+    columns of ``r`` are ``-0.0``: their sums are ``-0.0`` term by term, and only the reset's
+    ``+0.0`` start makes them ``+0.0``, as in the interpreter."""
+    session.reset()
+    rng = np.random.default_rng(1)
+    a_np = rng.standard_normal((m, k)).astype(np.float32)
+    a_np[::3] = -0.0
+    b_np = rng.standard_normal((k, n)).astype(np.float32)
+    r_np = rng.standard_normal((m, n)).astype(np.float32)
+    r_np[:, ::4] = -0.0
+    ctx = oc.Context(backend)
+    a = oc.param("a", output=m, input=k, init=a_np)
+    b = oc.param("b", output=k, input=n, init=b_np)
+    c = (a @ b).materialize()
+    update = train.grad_update((c * oc.tensor(r_np, input=1, label="r")).sum())
+    ctx.compile(update).run()
+    return {"c": ctx.get(c.value), "a.grad": ctx.get(a.grad), "b.grad": ctx.get(b.grad)}
+
+
+@pytest.mark.parametrize("backend", [pytest.param("c", marks=needs_c),
+                                     pytest.param("metal", marks=pytest.mark.skipif(not runs_here("metal"),
+                                                                                    reason="no Metal runner"))])
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "register-tiles"])
+@pytest.mark.parametrize("m,k,n", RESET_SHAPES, ids=[f"{m}x{k}x{n}" for m, k, n in RESET_SHAPES])
+def test_reset_start_keeps_the_interpreters_bits(monkeypatch, backend, packed, m, k, n):
+    """Starting from the reset rounds as storing it and reading it back: ``+0.0 + (-0.0)`` is
+    ``+0.0`` (bit for bit the interpreter's, signed zeros included), whether the product runs
+    packed or in register tiles, on C and on Metal's loops."""
+    if packed:
+        for name, value in (("GEMM_MIN_WORK", 1), ("GEMM_MIN_TILES", (0, 0)), ("GEMM_PARALLEL_MIN_WORK", 1)):
+            monkeypatch.setattr(cpu_schedule, name, value)
+    else:
+        monkeypatch.setattr(cpu_schedule, "GEMM_MIN_WORK", 1 << 60)
+    got, expected = signed_zero_results(backend, m, k, n), signed_zero_results("interp", m, k, n)
+    zero_rows = expected["c"][::3]
+    assert (zero_rows == 0).all() and not np.signbit(zero_rows).any(), "the test must reach the signed-zero rule"
+    assert_same_bits(got, expected, f"{backend} {'packed' if packed else 'tiles'} {m}x{k}x{n}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Packing buffers: from the heap, so that a small thread stack does not overflow
+
+
+@needs_c
+def test_packed_gemm_runs_on_a_thread_with_a_small_stack():
+    """A 256-cube product packs 400 KiB per thread (``(mc + nc) * kc`` floats): on a Python thread
+    of 256 KiB of stack (musl's default is 128 KiB) it must compute, not overflow."""
+    import threading
+
+    m = k = n = 256
+    rng = np.random.default_rng(2)
+    a_np, b_np = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+
+    def build(backend: str):
+        session.reset()
+        ctx = oc.Context(backend)
+        c = oc.tensor(a_np, input=1) @ oc.tensor(b_np, input=1)
+        return ctx, c, ctx.compile(c)
+
+    expected_ctx, expected_c, expected_routine = build("interp")
+    expected_routine.run()
+    expected = expected_ctx.get(expected_c.value)
+    ctx, c, routine = build("c")
+    assert "as a packed GEMM" in routine._executable.source.text
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            routine.run()
+        except BaseException as e:  # noqa: BLE001 - reported on the test's thread
+            failures.append(e)
+
+    previous = threading.stack_size(256 * 1024)
+    try:
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join()
+    finally:
+        threading.stack_size(previous)
+    assert not failures, failures
+    assert_same_bits({"c": ctx.get(c.value)}, {"c": expected}, "256-cube product on a small stack")
+
+
+_NO_MEMORY_SCRIPT = """
+import ctypes, resource, sys
+import numpy as np
+import ocannl as oc
+from ocannl.errors import KernelMemoryError
+ctx = oc.Context("c")
+c = oc.tensor(np.ones((256, 256), np.float32), input=1) @ oc.tensor(np.ones((256, 256), np.float32), input=1)
+routine = ctx.compile(c)
+routine.run()  # the Python side of a run allocates what it needs once
+with open("/proc/self/statm") as f:
+    size = int(f.read().split()[0]) * resource.getpagesize()
+limit = resource.getrlimit(resource.RLIMIT_AS)
+resource.setrlimit(resource.RLIMIT_AS, (size // 2, limit[1]))  # no new mapping, whatever gets unmapped
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.restype, libc.free.argtypes = None, [ctypes.c_void_p]
+held = []
+while True:  # and no free block of the heap left that could hold the packing buffers
+    block = libc.malloc(1 << 16)
+    if not block:
+        break
+    held.append(block)
+try:
+    routine.run()
+except KernelMemoryError as e:
+    print("KernelMemoryError:", e)
+else:
+    print("ran")
+for block in held:
+    libc.free(block)
+resource.setrlimit(resource.RLIMIT_AS, limit)
+routine.run()  # the routine works again once memory is available
+print("then", float(ctx.get(c.value)[0, 0]))
+"""
+
+
+@needs_c
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads the address space size from /proc")
+def test_packing_buffers_that_cannot_be_allocated_raise_a_project_error():
+    """With no address space left for the packing buffers the routine reports the failure (a
+    failed check, site kind ``memory``) and the backend raises ``KernelMemoryError``, naming
+    the product and the bytes, instead of crashing."""
+    tests_dir = Path(__file__).resolve().parent
+    # One thread (no thread stacks to map); the address space limited below what is mapped and
+    # the heap's free blocks taken, so no allocation of 64 KiB or more can succeed.
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(tests_dir), str(tests_dir.parent), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", _NO_MEMORY_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    first, then = done.stdout.splitlines()
+    assert first.startswith("KernelMemoryError: no memory for a thread's packing buffers"), done.stdout
+    assert "bytes) of the product" in first
+    assert then == "then 256.0", done.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# Threads only where a region's work is worth waking them
+
+
+def test_tile_regions_count_their_own_work():
+    """A narrow product (10 columns: register tiles) summed in 4 blocks of 64 terms runs one
+    parallel region per block: the region gets threads when its own quarter of the work
+    reaches ``TILE_PARALLEL_MIN_WORK``, not when the whole product does."""
+    per_block = cpu_schedule.TILE_PARALLEL_MIN_WORK // (10 * 64)  # rows whose block reaches it
+    for rows, threaded in ((per_block // 2, False), (2 * per_block, True)):
+        nest, _, _ = matmul_nest(rows, 256, 10)
+        assert rows * 256 * 10 >= cpu_schedule.TILE_PARALLEL_MIN_WORK
+        text = emit_c(RoutineIR("narrow", nest)).text
+        assert "register tiles" in text
+        assert ("#pragma omp parallel for" in text) == threaded, f"{rows} rows"
+
+
+@needs_c
+def test_small_training_step_runs_no_parallel_region():
+    """The 64-256-256-10 MLP's SGD step (batch 64) of ``bench/cpu_steps.py``: every loop nest
+    and product is below the thresholds, so the step runs on one thread whatever the thread
+    count (two threads measured slower than one while its small products had pragmas)."""
+    def build():
+        rng = np.random.default_rng(3)
+        x = oc.tensor(rng.standard_normal((64, 64)).astype(np.float32), batch=1, label="inputs")
+        y = oc.tensor(np.eye(10, dtype=np.float32)[rng.integers(0, 10, 64)], batch=1, label="onehot")
+        update = train.grad_update(nn.cross_entropy(nn.mlp(hid_dims=(256, 256), label="mlp")(x), y, label="loss"))
+        return [update, train.sgd_update(update, lr=0.1)]
+
+    session.reset()
+    text = oc.Context("c").compile(*build())._executable.source.text
+    assert "as a packed GEMM" in text, "the step's products are packed (on one thread)"
+    assert "#pragma omp" not in text

@@ -57,7 +57,7 @@ from ocannl.lowlevel.tnode import TNode
 INCLUDES = ("math.h", "stdint.h", "string.h")
 
 _LINKER_NAMES = frozenset(
-    """memset memcpy memmove malloc calloc realloc free abort exit atexit __stack_chk_fail
+    """memset memcpy memmove malloc calloc realloc aligned_alloc free abort exit atexit __stack_chk_fail
     omp_get_num_threads omp_get_thread_num errno""".split()
 )
 """Functions the compiled code may call behind the scenes: an exported function of the same name

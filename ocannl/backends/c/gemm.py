@@ -18,6 +18,13 @@ kernels per shape follow the two summation orders (docs/semantics.md, "Summation
 - ``blocks<B>``: every ``B`` consecutive terms are summed from zero in the registers and the sum
   is then added to the cell (``kc`` is a multiple of ``B``, so every block is whole in one call);
 - ``inorder``: the registers start from the cells and add the terms one by one.
+
+A contraction that resets its cells first (``c[I] := 0.0`` before the sum) does not store the
+reset: on the first ``kc`` panel the caller passes ``fresh`` and the reset value ``start``, and
+the kernel uses ``start`` where it would read a cell, the first block sum added to it (``start +
+sum``, rounded as the interpreter's ``0.0 + sum``: ``-0.0`` sums still become ``+0.0``) or the
+registers starting from it. The cells of the tile are then written once, not zeroed by a loop
+nest of their own and read back.
 """
 
 from __future__ import annotations
@@ -73,11 +80,15 @@ def kernel(shape: MicroKernel) -> list[str]:
 
     what = (f"each block of {shape.block} terms summed from zero, then added to c" if shape.block
             else "added to c one term after the other")
+    splat = f"{{{', '.join(['start'] * lanes)}}}" if lanes > 1 else "start"
     lines = [
         f"/* c[{mr} x {nr}] (row stride ldc) += a[kc x {mr}] * b[kc x {nr}], packed strips, {what};",
-        f"   {mr * nv} accumulators of {lanes} float{'s' if lanes > 1 else ''}, one lane per cell. */",
+        f"   {mr * nv} accumulators of {lanes} float{'s' if lanes > 1 else ''}, one lane per cell; fresh: c holds no value yet,",
+        "   its cells start from start (their reset). */",
         f"static inline void {kernel_name(shape)}(",
-        "    int64_t kc, const float *restrict a, const float *restrict b, float *restrict c, int64_t ldc) {",
+        "    int64_t kc, const float *restrict a, const float *restrict b, float *restrict c, int64_t ldc,",
+        "    int fresh, float start) {",
+        f"  const {vector} _s = {splat};",
     ]
     if shape.block:
         zero = "{0}" if lanes > 1 else "0.0f"
@@ -88,12 +99,16 @@ def kernel(shape: MicroKernel) -> list[str]:
             "    for (int64_t k = k0; k < k1; ++k) {",
             *step("      "),
             "    }",
-            *(f"    {c_cell(r, v)} = {c_cell(r, v)} + _c{r}_{v};" for r, v in cells),
+            "    if (fresh && k0 == 0) {",
+            *(f"      {c_cell(r, v)} = _s + _c{r}_{v};" for r, v in cells),
+            "    } else {",
+            *(f"      {c_cell(r, v)} = {c_cell(r, v)} + _c{r}_{v};" for r, v in cells),
+            "    }",
             "  }",
         ]
     else:
         lines += [
-            *(f"  {vector} _c{r}_{v} = {c_cell(r, v)};" for r, v in cells),
+            *(f"  {vector} _c{r}_{v} = fresh ? _s : {c_cell(r, v)};" for r, v in cells),
             "  for (int64_t k = 0; k < kc; ++k) {",
             *step("    "),
             "  }",
@@ -117,16 +132,28 @@ class CGemm:
 
     @staticmethod
     def declarations() -> list[str]:
-        """File-scope lines the first GEMM of a source needs: OpenMP's (for its thread count)."""
-        return ["#ifdef _OPENMP", "#include <omp.h>", "#endif"]
+        """File-scope lines the first GEMM of a source needs: the heap allocator (the packing
+        buffers) and OpenMP (for its thread count)."""
+        return ["#include <stdlib.h>", "#ifdef _OPENMP", "#include <omp.h>", "#endif"]
 
     @staticmethod
     def work_shared_for(collapse: int) -> str:
         return "#pragma omp for schedule(dynamic)" + (f" collapse({collapse})" if collapse > 1 else "")
 
     @staticmethod
-    def aligned_buffer(name: str, size: int) -> str:
-        return f"float {name}[{size}] __attribute__((aligned(64)));"
+    def allocate(name: str, size: int) -> str:
+        """``name``, ``size`` floats from the heap, aligned to 64 bytes (a null pointer when the
+        allocation fails)."""
+        return f"float *const {name} = (float *)aligned_alloc(64, {-(-size * 4 // 64) * 64});"
+
+    @staticmethod
+    def release(name: str) -> str:
+        return f"free({name});"
+
+    @staticmethod
+    def report(site: int) -> str:
+        """A statement recording the failed check ``site`` in ``_status``, from any thread."""
+        return f"__atomic_store_n(_status, {site}, __ATOMIC_RELAXED);"
 
     @staticmethod
     def thread_count(name: str) -> list[str]:
