@@ -50,10 +50,11 @@ def loss_grad_update_then_loss_sgd_update_0_sub(program, sub, b, target, w, x, m
     last0 = done0 == 3
     last1 = (tl.zeros([1, 1], tl.int32) + done0) == 3
     tl.debug_barrier()
-    v0 = tl.load(slices0 + cell0, mask=last1, other=0.0, cache_modifier=".cg")
-    for s0 in range(1, 4):  # in slice order: the same sum at every run
-        v0 += tl.load(slices0 + s0 * 256 + cell0, mask=last1, other=0.0, cache_modifier=".cg")
-    tl.store(slices_done + pid1, 0, mask=last0)  # ready for the next run
+    if last0:  # the tile's last program combines the slices
+        v0 = tl.load(slices0 + cell0, cache_modifier=".cg")
+        for s0 in range(1, 4):  # in slice order: the same result at every run
+            v0 = v0 + tl.load(slices0 + s0 * 256 + cell0, cache_modifier=".cg")
+        tl.store(slices_done + pid1, 0)  # ready for the next run
     t2 = tl.load(b + rn, mask=nmask & last1, other=0.0)
     t3 = tl.load(target + rm * 4 + rn, mask=mmask & nmask & last1, other=0.0)
     t4 = ((v0 + t2) - t3)

@@ -391,6 +391,13 @@ def test_the_large_gemms_of_an_mlp_step_fill_an_h100():
     assert [generate(ir).programs[n] for n in large] == [plans[n].grid for n in large]
 
 
+def test_the_mlp_loss_is_stored_once():
+    """The loss kernel of the MLP step starts its sum from the reset in a register and keeps the
+    sum there for the scaling that follows: one store of ``loss``, not three."""
+    text = module_of(_mlp_784_1024_1024_10).text
+    assert len(re.findall(r"tl\.store\(loss\b", text)) == 1
+
+
 @pytest.mark.slow
 def test_training_steps_compile_for_sm_90_without_spills():
     """Every kernel of the MLP, moons and transformer-block steps (grouped launches included)
@@ -536,23 +543,23 @@ def test_grouped_launches_compute_the_same_in_any_program_order(build, request):
         assert np.array_equal(f, b)
 
 
-def _reduce_rows(op: Binop, dtype: str, terms: int, low: float, high: float):
-    """``acc[i] <op>= xs[i, k]`` over 5 rows of ``terms`` terms each, written as one accumulating
-    assignment (the form the frontend gives a gradient's ``=-``)."""
+def _reduce_rows(op: Binop, dtype: str, terms: int, low: float, high: float, rows: int = 5):
+    """``acc[i] <op>= xs[i, k]`` over ``rows`` rows of ``terms`` terms each, written as one
+    accumulating assignment (the form the frontend gives a gradient's ``=-``)."""
     from ocannl.lowlevel.assignments import Accum, Block, Computation
     from ocannl.lowlevel.indexing import Iter, Projections, Symbol
 
     def build():
         rng = np.random.default_rng(1)
         if np.dtype(dtype).kind == "f":
-            start = rng.uniform(-1.0, 1.0, 5).astype(dtype)
-            xs = rng.uniform(low, high, (5, terms)).astype(dtype)
+            start = rng.uniform(-1.0, 1.0, rows).astype(dtype)
+            xs = rng.uniform(low, high, (rows, terms)).astype(dtype)
         else:
-            start = rng.integers(-2**30, 2**30, 5).astype(dtype)
-            xs = rng.integers(low, high, (5, terms)).astype(dtype)
+            start = rng.integers(-2**30, 2**30, rows).astype(dtype)
+            xs = rng.integers(low, high, (rows, terms)).astype(dtype)
         acc, x = oc.tensor(start, label="cells"), oc.tensor(xs, label="xs")
         i, k = Symbol(), Symbol()
-        projections = Projections(product_space=(5, terms), product_iterators=(i, k), lhs_dims=acc.value.dims,
+        projections = Projections(product_space=(rows, terms), product_iterators=(i, k), lhs_dims=acc.value.dims,
                                   rhs_dims=(x.value.dims,), project_lhs=(Iter(i),),
                                   project_rhs=((Iter(i), Iter(k)),))
         write = Accum(acc.value, op, Unop.ID, (x.value,), lambda: projections, spec=".")
@@ -587,6 +594,115 @@ def test_accumulations_are_trees_where_they_regroup(op, dtype, terms, low, high,
                                  random_programs=0)
     assert report.ok and report.passed, report.summary()
     check_on_gpu_compiler([build])
+
+
+# ---------------------------------------------------------------------------------------------
+# Long reductions with few rows, split over the SMs (tiling.py, "Split reductions")
+
+
+def _long_mean():
+    x = oc.tensor(data(65536, seed=5), label="x")
+    return [x.mean(label="mean")]
+
+
+_PRODUCT_ATOL = 2e-3
+"""A float32 product of 65,536 terms near 1 taken as a tree (tiles, slices: the unsplit kernel's
+too) departs from the loop's order by about 5e-4 relative: the partial products sit near 1,
+where rounding up and down steps differ by a factor of two, so their roundings do not cancel."""
+
+
+@pytest.mark.parametrize(("build", "exact", "atol"), [
+    pytest.param(_long_mean, False, 0.0, id="mean-65536-float32"),
+    pytest.param(_reduce_rows(Binop.MAX, "float32", 65536, -1.0, 1.0, rows=2), True, 0.0, id="max-float32",
+                 marks=pytest.mark.slow),
+    pytest.param(_reduce_rows(Binop.ADD, "int32", 65536, -2**30, 2**30, rows=2), True, 0.0, id="sum-int32-wraps",
+                 marks=pytest.mark.slow),
+    pytest.param(_reduce_rows(Binop.ADD, "float32", 65536, -1.0, 1.0, rows=2), False, 0.0, id="sum-float32",
+                 marks=pytest.mark.slow),
+    pytest.param(_reduce_rows(Binop.MIN, "float32", 65536, -1.0, 1.0, rows=2), True, 0.0, id="min-float32",
+                 marks=pytest.mark.slow),
+    pytest.param(_reduce_rows(Binop.MIN, "int32", 65536, -2**30, 2**30, rows=2), True, 0.0, id="min-int32",
+                 marks=pytest.mark.slow),
+    pytest.param(_reduce_rows(Binop.SUB, "float32", 65536, -1.0, 1.0, rows=2), False, 0.0, id="sub-float32",
+                 marks=pytest.mark.slow),
+    pytest.param(_reduce_rows(Binop.MUL, "int32", 65536, -2**30, 2**30, rows=2), True, 0.0, id="mul-int32-wraps",
+                 marks=pytest.mark.slow),
+    pytest.param(_reduce_rows(Binop.MUL, "float32", 65536, 0.99999, 1.00001, rows=2), False, _PRODUCT_ATOL,
+                 id="mul-float32", marks=pytest.mark.slow),
+    pytest.param(_reduce_rows(Binop.DIV, "float32", 65536, 0.99999, 1.00001, rows=2), False, _PRODUCT_ATOL,
+                 id="div-float32", marks=pytest.mark.slow),
+])
+def test_long_reductions_with_few_rows_split_over_the_sms(build, exact, atol, guard_zones, request):
+    """A 65,536-term reduction of one or two rows runs in at least one program per SM: each
+    program combines a slice, the last to finish combines the slices in order. It agrees with
+    the interpreter (max, min and integers exactly), gives the same bits at every run (twice in
+    one routine: the counters are back at zero) and when the programs run in reverse order, and
+    compiles for sm_90 without spills."""
+    from ocannl.backends.triton.tiling import SM_COUNT
+
+    (kernel,) = module_of(build).kernels
+    assert kernel.grid >= SM_COUNT and "slices_done" in kernel.text
+    program = testing.Program("long reduction", build, runs=({}, {}), exact=exact, atol=atol)
+    expected = testing.run_program(program, "interp")
+    first, second = testing.run_program(program, "triton"), testing.run_program(program, "triton")
+    assert testing.first_mismatch(program.name, expected, first, exact=exact, atol=atol) is None
+    request.getfixturevalue("programs_in_reverse")
+    backward = testing.run_program(program, "triton")
+    for name, value in first.items():
+        assert value.tobytes() == second[name].tobytes() == backward[name].tobytes(), name
+    check_on_gpu_compiler([build])
+
+
+def _split_mean_beside_relu():
+    x = oc.tensor(data(65536, seed=5), label="x")
+    y = oc.tensor(data(2, 65536, seed=6), label="y")
+    return [x.mean(label="mean"), oc.relu(y, label="r")]
+
+
+def test_a_split_reduction_shares_a_launch_soundly(request):
+    """A split mean and an independent ReLU run as two segments of one launch: the grouping
+    passes the static check, and the results agree with the interpreter and have the same bits
+    when the launch's programs run in reverse order."""
+    from ocannl.backends.partition import launch_hazards, partition
+    from ocannl.backends.triton.tiling import SM_COUNT
+
+    ir = routines_of(_split_mean_beside_relu)[-1]
+    source = generate(ir)
+    (launch,) = source.launches
+    assert len(launch.segments) == 2 and max(source.programs) >= SM_COUNT
+    assert launch_hazards(partition(ir.body), list(source.programs), list(source.launches)) == []
+    program = testing.Program("split mean beside relu", _split_mean_beside_relu)
+    forward = testing.run_program(program, "triton")
+    assert testing.first_mismatch(program.name, testing.run_program(program, "interp"), forward) is None
+    request.getfixturevalue("programs_in_reverse")
+    backward = testing.run_program(program, "triton")
+    assert all(value.tobytes() == backward[name].tobytes() for name, value in forward.items())
+
+
+def _mean_then_longer_sum():
+    x = oc.tensor(data(65536, seed=5), label="x")
+    y = oc.tensor(data(2, 65536, seed=6), label="y")
+    return [x.mean(label="mean"), (y * 2.0).sum(label="total")]
+
+
+def test_a_reduction_after_a_store_of_its_kernel_is_not_split():
+    """The two reductions share a single-program kernel; the longer one, which the plan would
+    split, follows the mean's store (which every program would then run): the kernel is planned
+    again unsplit, and agrees with the interpreter."""
+    source = module_of(_mean_then_longer_sum)
+    assert [k.grid for k in source.kernels] == [1] and "slices_done" not in source.text
+    assert testing.compare(_mean_then_longer_sum, ["triton"]) == []
+
+
+def test_reductions_split_only_when_long_and_few_programs():
+    """A reduction splits from 8192 terms on, into slices of at least 256 terms, until its
+    programs fill the SMs; a kernel with enough programs already does not split."""
+    from ocannl.backends.triton.tiling import SM_COUNT, SPLIT_REDUCTION, split_reduction
+
+    assert split_reduction(1, SPLIT_REDUCTION - 1) == 1
+    assert split_reduction(1, SPLIT_REDUCTION) == SPLIT_REDUCTION // 256
+    assert split_reduction(1, 65536) == 256 and split_reduction(2, 65536) == 128
+    assert split_reduction(SM_COUNT, 65536) == 1
 
 
 def test_matmul_bias_relu_is_one_kernel():

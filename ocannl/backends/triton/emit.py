@@ -108,6 +108,11 @@ def _write(name: str, kernel: Kernel, options: Options, segment: bool = False) -
     plan = plan_kernel(kernel)
     writer = WRITERS[type(plan)](name, kernel, plan, options, segment=segment)
     source = writer.emit()
+    if getattr(plan, "split", 1) > 1 and writer.split_last is None:
+        # The reduction the plan split could not be (writer.KernelWriter.splits): unsplit.
+        plan = plan_kernel(kernel, split=False)
+        writer = WRITERS[type(plan)](name, kernel, plan, options, segment=segment)
+        source = writer.emit()
     if writer.rblock is not None and not writer.used_stages:
         # Every inner loop ran sequentially: no inner tile, so no RBLOCK and a 1-D XBLOCK.
         plan = plan_kernel(kernel, inner_tiles=False)

@@ -57,15 +57,31 @@ class FillPlan:
 
 @dataclass(frozen=True)
 class FlatPlan:
-    """A flat kernel over ``numel`` grid points (``0``: no grid axis, one program)."""
+    """A flat kernel over ``numel`` grid points (``0``: no grid axis, one program).
+
+    With ``split > 1``, the kernel's first reduction over ``split_terms`` points is split into
+    that many slices of :attr:`slice_terms` terms, the slices of one tile on neighbouring
+    programs (tiling.py, "Split reductions")."""
 
     numel: int
     has_grid: bool
     blocks: tiling.FlatBlocks
+    split: int = 1
+    split_terms: int = 0
+
+    @property
+    def tiles(self) -> int:
+        """Programs before any split: ``XBLOCK`` tiles of the grid, or one."""
+        return _ceil_div(self.numel, self.blocks.xblock) if self.has_grid else 1
+
+    @property
+    def slice_terms(self) -> int:
+        """Terms of the split reduction one program combines: a whole number of ``RBLOCK`` chunks."""
+        return _ceil_div(_ceil_div(self.split_terms, self.split), self.blocks.rblock) * self.blocks.rblock
 
     @property
     def grid(self) -> int:
-        return _ceil_div(self.numel, self.blocks.xblock) if self.has_grid else 1
+        return self.tiles * self.split
 
     @property
     def ragged(self) -> bool:
@@ -155,9 +171,11 @@ class DotPlan:
 Plan = FillPlan | FlatPlan | DotPlan
 
 
-def plan_kernel(kernel: Kernel, inner_tiles: bool = True) -> Plan:
+def plan_kernel(kernel: Kernel, inner_tiles: bool = True, split: bool = True) -> Plan:
     """The plan of ``kernel``. ``inner_tiles=False`` plans a flat kernel without ``RBLOCK``
-    tiles, for a kernel whose inner loops all turned out to run sequentially."""
+    tiles, for a kernel whose inner loops all turned out to run sequentially; ``split=False``
+    one whose longest reduction is not split, for a kernel the writer found it could not split
+    (writer.py, ``KernelWriter.splits``)."""
     if kernel.tiling == "fill":
         fills: dict[TNode, Fill] = {}
         for f in kernel.fills:
@@ -179,7 +197,15 @@ def plan_kernel(kernel: Kernel, inner_tiles: bool = True) -> Plan:
         return DotPlan(rows, cols, batch, k, sixteen, blocks)
     numel = math.prod(kernel.extents)
     inner = max((math.prod(e) for p in kernel.parts for e in _inner_chains(p.body)), default=None)
-    return FlatPlan(numel, bool(kernel.extents), tiling.flat_blocks(numel, inner if inner_tiles else None))
+    plan = FlatPlan(numel, bool(kernel.extents), tiling.flat_blocks(numel, inner if inner_tiles else None))
+    if not (split and inner_tiles and inner is not None):
+        return plan
+    slices = tiling.split_reduction(plan.tiles, inner)
+    if slices == 1:
+        return plan
+    # The blocks of a reduction over one slice (a slice of 1024 terms or fewer is one tile).
+    plan = replace(plan, blocks=tiling.flat_blocks(numel, _ceil_div(inner, slices)), split=slices, split_terms=inner)
+    return replace(plan, split=_ceil_div(inner, plan.slice_terms))  # no empty last slice
 
 
 def _accumulator_dtype(target: Store | SetLocal) -> DType:

@@ -195,7 +195,7 @@ def symbol_rows(values: np.ndarray) -> np.ndarray:
     return rows
 
 
-_SCRATCH_TYPES = {"fp32": "float32", "i32": "int32"}
+_SCRATCH_TYPES = {"fp32": "float32", "fp64": "float64", "i32": "int32", "i64": "int64", "u32": "uint32"}
 """The torch type of a scratch buffer of each Triton element type."""
 
 

@@ -23,6 +23,12 @@ one configuration per kernel shape.
   sums one slice of one tile; the last program of a tile to finish adds the slices' partial sums
   in slice order (writer.py): the result does not depend on which program finishes last.
 
+* **Split reductions.** A flat kernel's reduction of at least :data:`SPLIT_REDUCTION` terms
+  whose tiles give fewer programs than there are SMs (a loss's mean: one program) is split the
+  same way (:func:`split_reduction`): each program combines one slice of one tile's rows into a
+  partial result, and the tile's last program combines the partial results by a tree over one
+  tile of them (a fixed order).
+
 This table is the autotuner's fallback and starting point (autotune.py): without a GPU, or with
 tuning off (the default), it alone decides.
 """
@@ -107,6 +113,20 @@ def split_k(programs: int, k: int, sm_count: int = SM_COUNT) -> int:
     while programs * split < sm_count and k // (2 * split) >= SPLIT_K_SLICE:
         split *= 2
     return split
+
+
+SPLIT_REDUCTION = 8192
+"""The fewest terms a flat kernel's reduction splits over several programs. One program combines
+8192 float32 terms in 16 chunk steps of ``LOOPED_RBLOCK``, a few microseconds; shorter reductions
+would gain less from spreading over SMs than the partial results' round trip through memory
+and the last program's extra pass cost."""
+
+
+def split_reduction(programs: int, terms: int, sm_count: int = SM_COUNT) -> int:
+    """The slices a reduction of ``terms`` terms per row is split into when its kernel's tiles
+    make ``programs`` programs (module docstring): none below :data:`SPLIT_REDUCTION` terms, else
+    as :func:`split_k` splits a contraction."""
+    return 1 if terms < SPLIT_REDUCTION else split_k(programs, terms, sm_count)
 
 
 def dot_blocks(m: int, n: int, k: int, sixteen_bit: bool, batch: int = 1, sm_count: int = SM_COUNT) -> DotBlocks:

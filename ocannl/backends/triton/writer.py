@@ -14,7 +14,10 @@ program, masked by ``xmask`` at the ragged end) and recovers each axis by ``//``
   stage when its operator may be regrouped (``schedule.regrouping``): the terms of each
   ``rindex`` tile are combined by ``tl.sum``, ``tl.max``, ``tl.min`` or ``tlib.product`` and the
   result applied to the cell's value with ``op`` (a subtraction subtracts the sum of its terms,
-  a float division divides by their product). Integer divisions, float sums of fewer than
+  a float division divides by their product). A long one the plan splits (``FlatPlan.split``:
+  few rows, many terms) combines one slice of its terms per program, and the tile's last
+  program combines the slices (:meth:`KernelWriter.combine_slices`), applies them to the cell and
+  alone runs the rest of the kernel. Integer divisions, float sums of fewer than
   :data:`SHORT_SUM` terms and half-precision accumulators, which round on every store, take the
   sequential path below instead;
 * any other loop runs sequentially inside the program (``for s0 in range(n)``).
@@ -24,7 +27,7 @@ in ``BLOCK_K`` steps with ``tl.dot`` (``input_precision="ieee"`` for float32 unl
 ``triton_fp32_dot`` setting says ``tf32``/``tf32x3``), and runs the kernel's other statements
 (its epilogue) on the ``[BLOCK_M, BLOCK_N]`` accumulator tile. With split-K (tiling.py), each
 program sums one slice of the reduction and the last program of each tile adds the slices in
-order before the epilogue (:meth:`DotKernelWriter.combine_slices`).
+order before the epilogue (:meth:`KernelWriter.combine_slices`).
 
 **Values stay in registers.** Within a program, a value stored or loaded is remembered by node
 and (canonical) index: a later read of the same cell in the same kernel uses the register, so a
@@ -125,8 +128,8 @@ class Param:
     scratch: tuple[tuple[str, str], int, str] | None = None
     """A buffer the runtime allocates for one kernel, zero-filled once: its key (the kernel's and
     the parameter's names: a tuple, so never a node's name), cells and Triton element type
-    (split-K's partial tiles and per-tile counters; the kernel leaves the counters at zero after
-    every run)."""
+    (a split reduction's partial results and per-tile counters; the kernel leaves the counters
+    at zero after every run)."""
 
     @property
     def signature(self) -> str:
@@ -265,9 +268,19 @@ class KernelWriter:
         self.scatter: frozenset[TNode] = frozenset()
         self.persistent_rindex: str | None = None
         self.dot_site: For | None = kernel.contraction.site if isinstance(plan, DotPlan) else None
+        self.deferred: tuple | None = None
+        """The cell the loop about to be written accumulates into when the next statement
+        overwrites it (:meth:`statement`; :meth:`loop` takes it)."""
+        self.split_pid: str | None = None
+        """With a split reduction (split-K, or a flat kernel's :attr:`FlatPlan.split`): the
+        program's slice of it; ``tile_pid`` the tile whose slices it shares."""
+        self.tile_pid: str | None = None
         self.split_last: tuple[str, str] | None = None
-        """After a split-K reduction: whether this program is its tile's last (scalar, and as a
-        ``[1, 1]`` tile), which masks the epilogue's loads and stores."""
+        """After a split reduction: whether this program is its tile's last (scalar, and as a
+        one-cell tile), which masks the epilogue's loads and stores."""
+        self.stored = False
+        """Whether the kernel has written a store yet (a flat kernel splits a reduction that
+        comes first)."""
         self._params(name)
 
     # -- parameters and names --------------------------------------------------------------
@@ -404,6 +417,7 @@ class KernelWriter:
     def fill(self, f: Fill, index: str, block: str) -> None:
         node, n = f.tnode, cells(f.tnode)
         ptr = self.node_names[node]
+        self.stored = True
         mask = f"{index} < {n}"
         if node.dtype is dtypes.uint4x32:
             for lane, v in enumerate(f.value.value):
@@ -414,21 +428,72 @@ class KernelWriter:
         self.invalidate(node)
         self.written.add(node)
 
-    def part(self, part: Part, region: Region) -> None:
-        """Emit one statement of the kernel, its grid loops bound to the kernel's axes."""
+    def parts(self, region: Region) -> None:
+        """Every statement of the kernel in order, each through :meth:`part`; a reset the
+        reduction in the next statement starts from stays in a register (:meth:`absorbs_reset`)."""
+        parts = self.kernel.parts
+        regions = [self.part_region(p, region) for p in parts]
+        for n, (part, r) in enumerate(zip(parts, regions)):
+            following = (parts[n + 1].body, regions[n + 1]) if n + 1 < len(parts) else None
+            if following is not None and self.absorbs_reset(part.body, r, *following):
+                continue
+            self.part(part, r, following)
+
+    def part_region(self, part: Part, region: Region) -> Region:
+        """``region`` with the part's grid loops bound to the kernel's axes."""
         r = region.child()
         for t, sym in enumerate(part.grid):
             r.symbols[sym] = (self.axis_codes[t], frozenset(self.kernel_axis_tiles(t)))
             r.bounds[sym] = (0, self.kernel.extents[t] - 1)
             r.canon[sym] = ("grid", t)
+        return r
+
+    def part(self, part: Part, r: Region, following: tuple[Stmt, Region] | None = None) -> None:
+        """Emit one statement of the kernel in its region (:meth:`part_region`)."""
         start, top = len(self.lines), self.top
         self.reads_written = False
         self.scatter = part.scatter
-        self.stmt(part.body, r)
+        self.statement(part.body, r, following)
         if self.reads_written:
             barrier = "tl.debug_barrier()  # makes this program's earlier stores visible to its threads"
             self.lines.insert(start + self.top - top, "    " * self.depth + barrier)
         self.written |= {a.node for a in accesses(part.stmt) if a.write}
+
+    def statement(self, s: Stmt, region: Region, following: tuple[Stmt, Region] | None) -> None:
+        """``s``, whose successor in its sequence (or the kernel) is ``following``: a reduction
+        whose cell the successor overwrites keeps its result in a register (the successor reads
+        it from there) instead of storing it first."""
+        self.deferred = self.overwritten(s, region, *following) if following is not None else None
+        try:
+            self.stmt(s, region)  # ``loop`` takes ``deferred`` before it writes any statement
+        finally:
+            self.deferred = None
+
+    def absorbs_reset(self, s: Stmt, region: Region, following: Stmt, following_region: Region) -> bool:
+        """When ``s`` is a reset of the cell the reduction ``following`` accumulates into: its
+        value goes to the register cache, where the reduction's accumulator starts from, and the
+        reset itself never goes to memory."""
+        if not (isinstance(s, Store) and isinstance(following, For)
+                and self.resets(s, region, following, following_region)):
+            return False
+        self.remember((s.tnode, self.canon_indices(s.indices, region), None), self.expr(s.value, region))
+        return True
+
+    def overwritten(self, s: Stmt, region: Region, following: Stmt, following_region: Region) -> tuple | None:
+        """The cell (node and canonical indices) the reduction ``s`` accumulates into when the
+        statement ``following`` stores that same cell, on the same lanes, right after."""
+        if not (isinstance(s, For) and isinstance(following, Store)) or following.skip_oob:
+            return None
+        dtype = following.tnode.dtype
+        if not dtype.is_compute_type or dtype is dtypes.uint4x32:
+            return None  # a half-precision cell rounds on its store: the register would not
+        if self.dot_site is not None and s == self.dot_site:
+            return None
+        found = self.accumulation(*loop_chain(s))
+        if found is None or not isinstance(found[1], Store):
+            return None
+        cell = (found[1].tnode, self.canon_indices(found[1].indices, region))
+        return cell if cell == (following.tnode, self.canon_indices(following.indices, following_region)) else None
 
     # -- statements ----------------------------------------------------------------------------
 
@@ -439,13 +504,9 @@ class KernelWriter:
                     following = stmts[k + 1] if k + 1 < len(stmts) else None
                     if isinstance(x, DeclareLocal) and following is not None and _sets_first(following, x.local):
                         continue  # declared by the assignment that follows
-                    if isinstance(x, Store) and isinstance(following, For) and self.resets(x, following):
-                        # The reduction that follows starts from this value in a register and
-                        # stores the result: the reset itself never goes to memory.
-                        key = (x.tnode, self.canon_indices(x.indices, region), None)
-                        self.remember(key, self.expr(x.value, region))
+                    if following is not None and self.absorbs_reset(x, region, following, region):
                         continue
-                    self.stmt(x, region)
+                    self.statement(x, region, (following, region) if following is not None else None)
             case Comment(text=text):
                 self.line(f"# {comment_text(text)}")
             case DeclareLocal(local=local):
@@ -517,6 +578,7 @@ class KernelWriter:
     # -- loops -----------------------------------------------------------------------------
 
     def loop(self, s: For, region: Region) -> None:
+        deferred, self.deferred = self.deferred, None
         if self.dot_site is not None and s == self.dot_site:
             self.dot_loop(s, region)
             return
@@ -530,17 +592,18 @@ class KernelWriter:
                      and regrouping(op, dtype) is not None and dtype in _EXACT_ACCUMULATORS
                      and (op in (Binop.MAX, Binop.MIN) or total >= SHORT_SUM))
             if tiled:
-                self.reduction_stage(chain, op, target, value, region)
+                self.reduction_stage(chain, op, target, value, region, deferred)
             else:
-                self.sequential_reduction(chain, op, target, value, region)
+                self.sequential_reduction(chain, op, target, value, region, deferred)
             return
         if self.kernel.tiling == "flat" and "r" not in region.axes and self.rblock is not None:
             if self.pointwise_stage(s, chain, body, region):
                 return
         self.serial(s, region)
 
-    def resets(self, store: Store, loop: For) -> bool:
-        """Whether ``loop`` accumulates into the cell ``store`` writes, from a register."""
+    def resets(self, store: Store, region: Region, loop: For, loop_region: Region) -> bool:
+        """Whether ``loop`` (in ``loop_region``) accumulates into the cell ``store`` (in
+        ``region``) writes, from a register."""
         if store.skip_oob or not store.tnode.dtype.is_compute_type or store.tnode.dtype is dtypes.uint4x32:
             return False
         if self.dot_site is not None and loop == self.dot_site:
@@ -550,7 +613,8 @@ class KernelWriter:
             if found is None:
                 return False
             target = found[1]
-        return isinstance(target, Store) and (target.tnode, target.indices) == (store.tnode, store.indices)
+        return isinstance(target, Store) and target.tnode is store.tnode and (
+            self.canon_indices(target.indices, loop_region) == self.canon_indices(store.indices, region))
 
     def accumulation(self, chain: list[For], body: Stmt) -> tuple[Binop, Store | SetLocal, Expr] | None:
         """``(op, statement, v)`` when the loops of ``chain`` accumulate ``v`` into one cell or
@@ -577,13 +641,19 @@ class KernelWriter:
             return acc
         return self.locals[target.local].code
 
-    def finish_accumulation(self, target: Store | SetLocal, acc: str, region: Region) -> None:
-        if isinstance(target, Store):
+    def finish_accumulation(self, target: Store | SetLocal, acc: str, region: Region, deferred: tuple | None) -> None:
+        """Store the accumulated cell, unless it is ``deferred``, the cell the next statement
+        overwrites (:meth:`statement`): then the result only goes to the register cache."""
+        if isinstance(target, Store) and deferred == (target.tnode, self.canon_indices(target.indices, region)):
+            self.invalidate(target.tnode)
+            self.remember((target.tnode, self.canon_indices(target.indices, region), None),
+                          Val(acc, region.axes, target.tnode.dtype.compute))
+        elif isinstance(target, Store):
             self.store_value(target.tnode, target.indices, Val(acc, region.axes, target.tnode.dtype.compute),
                              region, False)
 
     def sequential_reduction(self, chain: list[For], op: Binop, target: Store | SetLocal, value: Expr,
-                             region: Region) -> None:
+                             region: Region, deferred: tuple | None = None) -> None:
         """The loops run in order inside the program, the accumulator in registers: the
         interpreter's order and roundings (a half-precision cell rounds at every step, as its
         store would)."""
@@ -615,7 +685,7 @@ class KernelWriter:
         for _ in opened:
             self.pop()
             self.depth -= 1
-        self.finish_accumulation(target, acc, region)
+        self.finish_accumulation(target, acc, region, deferred)
 
     def serial(self, s: For, region: Region) -> None:
         name = self.names.numbered("s")
@@ -635,11 +705,14 @@ class KernelWriter:
         for node in written:
             self.invalidate(node)
 
-    def stage_index(self, extents: tuple[int, ...], region: Region) -> tuple[Region, bool, list[str]]:
+    def stage_index(self, extents: tuple[int, ...], region: Region,
+                    piece: tuple[str, int] | None = None) -> tuple[Region, bool, list[str]]:
         """Enter an inner tile over ``extents``: returns its region and whether a loop over
-        chunks was opened (the caller closes it with :meth:`end_stage`)."""
+        chunks was opened (the caller closes it with :meth:`end_stage`). ``piece``, ``(start,
+        length)``: only the ``length`` points from ``start`` (code) on, a split reduction's slice
+        (``length`` a multiple of ``RBLOCK``)."""
         total = math.prod(extents)
-        persistent = total <= self.rblock
+        persistent = total <= self.rblock and piece is None
         self.used_stages = True
         expand = "[None, :]" if self.kernel.extents else ""
         key = ("stage", extents)
@@ -666,11 +739,13 @@ class KernelWriter:
                 self.stage_vars[key] = (mask, codes)
         else:
             roffset = self.names.numbered("roffset")
-            self.line(f"for {roffset} in range(0, {total}, RBLOCK):")
+            self.line(f"for {roffset} in range(0, {total if piece is None else piece[1]}, RBLOCK):")
             self.depth += 1
             self.push()
-            rindex = self.temp(f"{roffset} + tl.arange(0, RBLOCK){expand}", "rindex")
-            mask = self.temp(f"{rindex} < {total}", "rmask") if total % self.rblock else None
+            start = "" if piece is None else f"{piece[0]} + "
+            rindex = self.temp(f"{start}{roffset} + tl.arange(0, RBLOCK){expand}", "rindex")
+            ragged = total % (self.rblock if piece is None else piece[1])
+            mask = self.temp(f"{rindex} < {total}", "rmask") if ragged else None
             codes = [d if len(extents) == 1 else self.temp(d, "r") for d in decompose(rindex, extents)]
         axes = region.axes | {"r"}
         inner = region.child(axes=axes, shape=self.shape_for_axes(axes))
@@ -708,7 +783,7 @@ class KernelWriter:
         return True
 
     def reduction_stage(self, chain: list[For], op: Binop, target: Store | SetLocal, value: Expr,
-                        region: Region) -> None:
+                        region: Region, deferred: tuple | None = None) -> None:
         """The loops' points as ``rindex`` tiles, each tile's terms combined by the operator of
         ``op``'s :class:`~ocannl.lowlevel.schedule.Regrouping` (``tl.sum``, ``tl.max``,
         ``tl.min``, ``tlib.product``) and applied to the accumulator with ``op`` (a sum's or a
@@ -716,19 +791,28 @@ class KernelWriter:
         combine = regrouping(op, _accumulator_type(target)).combine
         acc = self.accumulator(target, region)
         extents = tuple(loop.extent for loop in chain)
-        compensated = combine is Binop.ADD and value.dtype.is_float and math.prod(extents) > self.rblock
+        dtype = value.dtype
+        neutral = _NEUTRAL[combine](dtype)
+        piece, chunk_op = None, op  # how each chunk's combined terms update ``acc``
+        if self.splits(math.prod(extents)):
+            # This program combines one slice's terms, from the operator's neutral value; the
+            # tile's last program combines the slices and applies the result to the cell once.
+            initial, chunk_op = acc, combine
+            acc = self.names.word("partial")
+            self.line(f"{acc} = tl.full({region.shape}, {literal_code(neutral, dtype)}, {dtype.triton_name})")
+            plan = self.plan
+            piece = (self.temp(f"{self.split_pid} * {plan.slice_terms}", "r_start"), plan.slice_terms)
+        length = math.prod(extents) if piece is None else piece[1]
+        compensated = combine is Binop.ADD and value.dtype.is_float and length > self.rblock
         if compensated:  # the chunk sums are added with Kahan's compensation (see below)
             carry = self.names.word("carry")
             self.line(f"{carry} = tl.zeros_like({acc})")
-        inner, looped, codes = self.stage_index(extents, region)
+        inner, looped, codes = self.stage_index(extents, region, piece)
         for t, (loop, code) in enumerate(zip(chain, codes)):
             inner.symbols[loop.symbol] = (code, frozenset({"r"}))
             inner.bounds[loop.symbol] = (0, loop.extent - 1)
             inner.canon[loop.symbol] = ("inner", extents, t) if not looped else ("chunk", loop.symbol)
         v = self.expr(value, inner)
-        dtype = value.dtype
-        neutral = {Binop.ADD: 0, Binop.MUL: 1,
-                   Binop.MAX: dtypes.lowest(dtype), Binop.MIN: dtypes.highest(dtype)}[combine]
         tile = self.arithmetic.tensor(v)
         if "r" in inner.masks:  # lanes past the ragged end add nothing
             tile = f"tl.where({inner.masks['r']}, {tile}, {literal_code(neutral, dtype)})"
@@ -747,19 +831,88 @@ class KernelWriter:
             # is not finite, where it would turn an infinity into a NaN. A subtraction adds the
             # negated chunk sums (negation is exact).
             y, total = self.names.numbered("y"), self.names.numbered("t")
-            self.line(f"{y} = {'-' if op is Binop.SUB else ''}{reduced} - {carry}")
+            self.line(f"{y} = {'-' if chunk_op is Binop.SUB else ''}{reduced} - {carry}")
             self.line(f"{total} = {acc} + {y}")
             self.line(f"{carry} = tl.where(tl.abs({total}) < float('inf'), ({total} - {acc}) - {y}, 0.0)")
             self.line(f"{acc} = {total}")
-        elif op in (Binop.MAX, Binop.MIN):
-            self.line(f"{acc} = {'tl.maximum' if op is Binop.MAX else 'tl.minimum'}({acc}, {reduced})")
-        elif op is Binop.DIV:
-            quotient = self.arithmetic.divide(Val(acc, region.axes, dtype), Val(reduced, region.axes, dtype))
-            self.line(f"{acc} = {quotient}")
         else:
-            self.line(f"{acc} = {acc} {_APPLY[op]} {reduced}")
+            self.line(f"{acc} = {self.apply(chunk_op, Val(acc, region.axes, dtype), Val(reduced, region.axes, dtype))}")
         self.end_stage(looped)
-        self.finish_accumulation(target, acc, region)
+        if piece is not None:
+            flat = bool(self.kernel.extents)
+            self.combine_slices(acc, combine, dtype, "tl.arange(0, XBLOCK)[:, None]" if flat else None,
+                                self.plan.blocks.xblock if flat else 1, self.plan.tiles)
+            partials = Val(acc, region.axes, dtype)
+            acc = initial
+            self.line(f"{acc} = {self.apply(op, Val(acc, region.axes, dtype), partials)}")
+        self.finish_accumulation(target, acc, region, deferred)
+
+    def combine_slices(self, acc: str, combine: Binop, dtype: DType, cell: str | None, tile_cells: int,
+                       tiles: int) -> None:
+        """The second stage of a split reduction (split-K, or a flat kernel's split reduction),
+        in the kernel: each program stores its slice's partial result ``acc`` (a tile of
+        ``tile_cells`` cells at ``cell``, or a scalar when ``cell`` is ``None``); the tile's last
+        program to finish (a counter per tile) combines the partial results with ``combine`` in
+        a fixed order, whichever program that is, so the result is the same at every run, with no
+        float atomics. A contraction's partial tiles are added one after the other, in slice
+        order; a flat kernel's partial results (one or a few cells a slice, up to a few hundred
+        slices) are loaded as one tile and combined by a tree (``tl.sum``...), whose shape alone
+        fixes its order. The other programs go on with the loads and stores of what follows
+        masked off (:meth:`mask`). On a GPU the barriers and the counter's acquire-release atomic
+        order the partial results' stores before their loads (that ordering only matters, and is
+        only exercised, on a GPU: the interpreter runs programs one after another)."""
+        split = self.plan.grid // tiles
+        partials, counts = self.names.word("partials"), self.names.word("slices_done")
+        element = _POINTER_TYPES[dtype.name]
+        self.params.append(Param(partials, scratch=((self.name, partials), tiles * split * tile_cells, element)))
+        self.params.append(Param(counts, scratch=((self.name, counts), tiles, "i32")))
+        tile, pk = self.tile_pid, self.split_pid
+        at = "" if cell is None else f" + {self.temp(cell, 'cell')}"
+        base = self.temp(f"{partials} + {tile} * {split * tile_cells}", "slices")
+        self.line(f'tl.store({base} + {pk} * {tile_cells}{at}, {acc}, cache_modifier=".cg")')
+        self.line("tl.debug_barrier()")
+        done = self.temp(f'tl.atomic_add({counts} + {tile}, 1, sem="acq_rel")', "done")
+        last = self.temp(f"{done} == {split - 1}", "last")
+        one = "[1, 1]" if self.kernel.extents or isinstance(self.plan, DotPlan) else "[1]"
+        last_tile = self.temp(f"(tl.zeros({one}, tl.int32) + {done}) == {split - 1}", "last")
+        self.line("tl.debug_barrier()")
+        self.line(f"if {last}:  # the tile's last program combines the slices")
+        self.depth += 1
+        if isinstance(self.plan, DotPlan):
+            self.line(f'{acc} = tl.load({base}{at}, cache_modifier=".cg")')
+            s0 = self.names.word("s0")
+            self.line(f"for {s0} in range(1, {split}):  # in slice order: the same result at every run")
+            term = Val(f'tl.load({base} + {s0} * {tile_cells}{at}, cache_modifier=".cg")', frozenset({"m", "n"}), dtype)
+            self.line(f"    {acc} = {self.apply(combine, Val(acc, term.axes, dtype), term)}")
+        else:
+            width = tiling.next_power_of_2(split)
+            slices = self.temp(f"tl.arange(0, {width})" + ("" if cell is None else "[None, :]"), "k")
+            mask = "" if width == split else f", mask={slices} < {split}, other={literal_code(_NEUTRAL[combine](dtype), dtype)}"
+            loaded = self.temp(f'tl.load({base}{at} + {slices} * {tile_cells}{mask}, cache_modifier=".cg")', "p")
+            if combine is Binop.MUL:
+                self.helpers.add("product")
+            fn = {Binop.ADD: "tl.sum", Binop.MUL: "product", Binop.MAX: "tl.max", Binop.MIN: "tl.min"}[combine]
+            self.line(f"{acc} = {fn}({loaded}, {'axis=0' if cell is None else 'axis=1, keep_dims=True'})")
+        self.line(f"tl.store({counts} + {tile}, 0)  # ready for the next run")
+        self.depth -= 1
+        self.split_last = (last, last_tile)
+
+    def apply(self, op: Binop, acc: Val, combined: Val) -> str:
+        """The code of ``acc`` updated by the combined terms of an accumulation with ``op``."""
+        if op in (Binop.MAX, Binop.MIN):
+            return f"{'tl.maximum' if op is Binop.MAX else 'tl.minimum'}({acc.code}, {combined.code})"
+        if op is Binop.DIV:
+            return self.arithmetic.divide(acc, combined)
+        return f"{acc.code} {_APPLY[op]} {combined.code}"
+
+    def splits(self, terms: int) -> bool:
+        """Whether the reduction stage about to be written over ``terms`` points is the one the
+        plan splits (:attr:`FlatPlan.split`): the kernel's first of that length, run once per
+        program (not inside a sequential loop), before the kernel stores anything (so that every
+        program of a tile may run what comes before it, and only the last what follows)."""
+        plan = self.plan
+        return (isinstance(plan, FlatPlan) and plan.split > 1 and self.split_last is None and not self.stored
+                and terms == plan.split_terms and self.depth == 1)
 
     # -- stores ------------------------------------------------------------------------------
 
@@ -768,6 +921,7 @@ class KernelWriter:
         offset, axes, checks = self.offset(node, indices, region, checked=not skip_oob)
         mask = self.mask(axes, checks, region)
         ptr = self.node_names[node]
+        self.stored = True
         if node.dtype is dtypes.uint4x32:
             for lane, code in enumerate(value.lanes):
                 self.line(_store(f"{ptr} + ({offset}) * 4 + {lane}", code, mask))
@@ -784,6 +938,7 @@ class KernelWriter:
 
     def store_dynamic(self, s: StoreDynamic, region: Region) -> None:
         node = s.tnode
+        self.stored = True
         pos = self.position(s.position, node, s.axis, region, "scatter")
         offset, axes, checks = self.offset(node, s.indices, region, dynamic=(s.axis, pos), checked=True)
         mask = self.mask(axes, checks, region)
@@ -1133,6 +1288,8 @@ class KernelWriter:
                 code, axes = self.index_code(index, region)
                 if not axes and isinstance(index, Fixed):
                     return Val.constant(index.index, dtype, code=str(index.index))
+                if not axes:  # sequential loops' counters are Python ints in Triton's interpreter
+                    return Val(f"tl.cast({code}, {dtype.triton_name})", axes, dtype)
                 return Val(f"{paren(code)}.to({dtype.triton_name})", axes, dtype)
             case GetLocal(local=local):
                 return self.locals[local]
@@ -1163,11 +1320,18 @@ class FlatKernelWriter(KernelWriter):
     def tiles(self) -> None:
         k, plan = self.kernel, self.plan
         two_d = self.two_d
+        pid = self.program_id(plan.numel * plan.split)
+        if plan.split > 1:  # the slices of one tile are neighbouring programs
+            self.line(f"# the reduction over {plan.split_terms} terms in {plan.split} slices of {plan.slice_terms}")
+            self.split_pid = self.names.word("pid_r")
+            self.line(f"{self.split_pid} = {pid} % {plan.split}")
+            self.tile_pid = self.temp(f"{pid} // {plan.split}", "pid")
+            pid = self.tile_pid
         if plan.has_grid:
             self.constexprs["XBLOCK"] = plan.blocks.xblock
             xindex, xmask = self.names.word("xindex"), self.names.word("xmask")
             expand = "[:, None]" if two_d else ""
-            self.line(f"{xindex} = {self.program_id(plan.numel)} * XBLOCK + tl.arange(0, XBLOCK){expand}")
+            self.line(f"{xindex} = {pid} * XBLOCK + tl.arange(0, XBLOCK){expand}")
             ragged = plan.ragged
             if ragged:  # the last program's tile runs past the grid
                 self.line(f"{xmask} = {xindex} < {plan.numel}")
@@ -1184,8 +1348,7 @@ class FlatKernelWriter(KernelWriter):
         if plan.rblock is not None:
             self.constexprs["RBLOCK"] = plan.rblock
         self.top = len(self.lines)
-        for part in k.parts:
-            self.part(part, region)
+        self.parts(region)
 
 
 
@@ -1242,8 +1405,7 @@ class DotKernelWriter(KernelWriter):
         self.axis_codes = [code[s][0] for s in first.grid]
         self.dot_axis_tiles = [set(code[s][1]) for s in first.grid]
         region = Region({}, {}, {}, masks, frozenset({"m", "n"}), "[BLOCK_M, BLOCK_N]")
-        for part in k.parts:
-            self.part(part, region)
+        self.parts(region)
 
     def kernel_axis_tiles(self, t: int) -> set[str]:
         return self.dot_axis_tiles[t]
@@ -1312,42 +1474,13 @@ class DotKernelWriter(KernelWriter):
         self.pop()
         self.depth -= 1
         if self.split_pid is not None:
-            self.combine_slices(acc)
+            blocks = self.plan.blocks
+            self.combine_slices(acc, Binop.ADD, dtypes.float32,
+                                "tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]",
+                                blocks.block_m * blocks.block_n, self.plan.grid // self.plan.split_k)
         if isinstance(acc_stmt, Store):
             result = Val(acc, frozenset({"m", "n"}), dtypes.float32)
             self.store_value(acc_stmt.tnode, acc_stmt.indices, result, region, skip_oob=False)
-
-    def combine_slices(self, acc: str) -> None:
-        """Split-K's second stage, in the kernel: each program stores its slice's partial tile;
-        the tile's last program to finish (a counter per tile) adds the partial tiles in slice
-        order, whichever program that is, so the sum is the same at every run, with no float
-        atomics. The others go on with their loads and stores masked off. On a GPU the barriers
-        and the counter's acquire-release atomic order the partial tiles' stores before their
-        loads (that ordering only matters, and is only exercised, on a GPU: the interpreter runs
-        programs one after another)."""
-        plan, blocks = self.plan, self.plan.blocks
-        tile_cells = blocks.block_m * blocks.block_n
-        split = plan.split_k
-        tiles = plan.grid // split
-        partials, counts = self.names.word("partials"), self.names.word("slices_done")
-        self.params.append(Param(partials, scratch=((self.name, partials), tiles * split * tile_cells, "fp32")))
-        self.params.append(Param(counts, scratch=((self.name, counts), tiles, "i32")))
-        tile, pk = self.tile_pid, self.split_pid
-        cell = self.temp("tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]", "cell")
-        base = self.temp(f"{partials} + {tile} * {split * tile_cells}", "slices")
-        self.line(f'tl.store({base} + {pk} * {tile_cells} + {cell}, {acc}, cache_modifier=".cg")')
-        self.line("tl.debug_barrier()")
-        done = self.temp(f'tl.atomic_add({counts} + {tile}, 1, sem="acq_rel")', "done")
-        last = self.temp(f"{done} == {split - 1}", "last")
-        last_tile = self.temp(f"(tl.zeros([1, 1], tl.int32) + {done}) == {split - 1}", "last")
-        self.line("tl.debug_barrier()")
-        self.line(f'{acc} = tl.load({base} + {cell}, mask={last_tile}, other=0.0, cache_modifier=".cg")')
-        s0 = self.names.word("s0")
-        self.line(f"for {s0} in range(1, {split}):  # in slice order: the same sum at every run")
-        self.line(f'    {acc} += tl.load({base} + {s0} * {tile_cells} + {cell}, mask={last_tile}, other=0.0, '
-                  f'cache_modifier=".cg")')
-        self.line(f"tl.store({counts} + {tile}, 0, mask={last})  # ready for the next run")
-        self.split_last = (last, last_tile)
 
     def operand(self, e: Expr, region: Region, prefix: str) -> str:
         v = self.expr(e, region)
@@ -1384,6 +1517,9 @@ bit the interpreter's); longer ones are tiled (a tree order, within the conforma
 Max and min are exact in any order and tiled at every length."""
 
 _COMMUTATIVE = frozenset({Binop.ADD, Binop.MUL, Binop.MAX, Binop.MIN})
+
+_NEUTRAL = {Binop.ADD: lambda dtype: 0, Binop.MUL: lambda dtype: 1, Binop.MAX: dtypes.lowest, Binop.MIN: dtypes.highest}
+"""The value each combining operator of a regrouped reduction starts from (what masked lanes add)."""
 
 _APPLY = {Binop.ADD: "+", Binop.SUB: "-", Binop.MUL: "*"}
 """Infix operators applying a tile's combined terms to the accumulator."""
