@@ -36,8 +36,14 @@ such values into the write that consumes them; every cell keeps its final value 
    0.03125``: the reduction inlined into its consumer, a shape every backend schedules as one
    reduction. Reductions whose terms are reductions themselves stay in their cell.
 
-Refused, each time: partial coverage (a slice, a fixed or strided index, an index symbol bound at
-run time, a data-dependent index: scatter-adds), a read of the node between the two writes or
+"Every cell" (:func:`_owning_loops`): each axis of the store indexed by one loop spanning it, or
+by loops that are the digits of a mixed-radix number (``2*oh + wh``, ``wh`` over 2, ``oh`` over
+half the axis): the gradient of a pooling whose window equals its stride writes each cell of its
+input once, so it needs neither the zeros nor a read of the cell.
+
+Refused, each time: partial coverage (a slice, a fixed index, a strided index that skips cells or
+reaches one twice, an index symbol bound at run time, a data-dependent index: scatter-adds), a
+read of the node between the two writes or
 at another cell, a store that skips out-of-bounds cells, a nest that writes other nodes too, and
 nodes of a storage type (float16, bfloat16: a load of a stored value rounds it, which a constant
 or a local would skip). The first write covers every cell, so no rewrite needs the value a node
@@ -56,7 +62,7 @@ from dataclasses import replace
 
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.analysis import Access, accesses, loop_chain, substitute_index
-from ocannl.lowlevel.indexing import AxisIndex, Fixed, Iter, Symbol
+from ocannl.lowlevel.indexing import Affine, AxisIndex, Fixed, Iter, Symbol
 from ocannl.lowlevel.ir import (
     Binary, Cast, Const, Expr, Fill, For, GetLocal, Load, LoadDynamic, Local, LocalScope, RoutineIR, Seq,
     SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary, iter_exprs, iter_stmts, loop, seq, stmt_exprs,
@@ -166,21 +172,47 @@ def first_write(nest: Stmt, fill: Fill) -> Stmt | None:
 
 def _owning_loops(store: Store, chain: list[For]) -> set[Symbol] | None:
     """The loops of ``chain`` that index ``store``'s cell, when together they reach every cell of
-    its node exactly once per run of the other loops (each axis indexed by its own loop spanning
-    the dim, or 0 on a size-1 axis), and every other loop runs at least once; else ``None``."""
+    its node exactly once per run of the other loops (each axis indexed by loops of its own that
+    enumerate it, :func:`_axis_loops`, or by 0 on a size-1 axis), and every other loop runs at
+    least once; else ``None``."""
     extents = {f.symbol: f.extent for f in chain}
     owned: set[Symbol] = set()
     for idx, dim in zip(store.indices, store.tnode.dims):
         if isinstance(idx, Fixed) and idx.index == 0 and dim == 1:
             continue
-        if not isinstance(idx, Iter) or idx.symbol not in extents or idx.symbol in owned:
+        axis_loops = _axis_loops(idx, dim, extents)
+        if axis_loops is None or not owned.isdisjoint(axis_loops):
             return None
-        if extents[idx.symbol] != dim:
-            return None
-        owned.add(idx.symbol)
+        owned.update(axis_loops)
     if any(n < 1 for s, n in extents.items() if s not in owned):
         return None
     return owned
+
+
+def _axis_loops(idx: AxisIndex, dim: int, extents: dict[Symbol, int]) -> list[Symbol] | None:
+    """The loops indexing an axis of ``dim`` cells, when their values reach each cell exactly
+    once, else ``None``: one loop spanning the axis (``i``), or loops read as the digits of a
+    mixed-radix number (``s*o + w`` with ``extent(w) == s`` and ``s * extent(o) == dim``: the
+    gradient of a pooling whose window equals its stride writes each input cell once). Sorted by
+    coefficient, the first must be 1 and each next one the product of the extents before it, the
+    last product ``dim``, the offset 0. Overlapping windows (``2*o + w``, ``w`` over 3), gaps
+    (``2*o``), a ragged end (the last cell of an odd axis never written) and index symbols
+    bound at run time fail it."""
+    if isinstance(idx, Iter):
+        terms = ((1, idx.symbol),)
+    elif isinstance(idx, Affine) and idx.offset == 0:
+        terms = tuple(sorted(idx.terms, key=lambda term: term[0]))
+    else:
+        return None
+    span = 1
+    for coefficient, symbol in terms:
+        if coefficient != span or symbol not in extents:
+            return None
+        span *= extents[symbol]
+    symbols = [symbol for _, symbol in terms]
+    if span != dim or len(set(symbols)) != len(symbols):
+        return None
+    return symbols
 
 
 def _rebuild(loops: list[For], body: Stmt) -> Stmt:
@@ -259,6 +291,8 @@ def _fused(first: Stmt, update: Stmt) -> Stmt | None:
     updated = _owning_loops(update_body, update_chain)
     if updated is None or len(updated) != len(update_chain) or len(update_chain) != len(chain):
         return None  # the update does not run once per cell
+    if any(isinstance(mine, Affine) for mine in update_body.indices):
+        return None  # a strided update: its loops do not map one to one onto the first nest's
     env: dict[Symbol, Iter] = {}  # the update's loops renamed to the first nest's, axis by axis
     for mine, theirs in zip(update_body.indices, cell):
         if isinstance(mine, Iter):
