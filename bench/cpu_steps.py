@@ -55,6 +55,7 @@ import ocannl as oc  # noqa: E402
 import ocannl.session  # noqa: E402
 from bench import cc_time, moons as moons_bench  # noqa: E402
 from bench.gemm import check_bits, gemm  # noqa: E402
+from bench.interp_throughput import torch_loop  # noqa: E402
 from ocannl import nn, train  # noqa: E402
 
 BATCHES = 4
@@ -198,22 +199,6 @@ def build_transformer() -> Built:
     return compile_step(update, adam, batched=False)
 
 
-def torch_loop(torch, model, optimizer, batch_loss) -> Callable[[int], float]:
-    count = [0]
-
-    def steps(n: int) -> float:
-        loss = None
-        for _ in range(n):
-            loss = batch_loss(count[0])
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            count[0] += 1
-        return loss.item()
-
-    return steps
-
-
 def _copy(torch, target, value: np.ndarray) -> None:
     with torch.no_grad():
         target.copy_(torch.from_numpy(np.ascontiguousarray(value)).reshape(target.shape))
@@ -230,7 +215,7 @@ def torch_mlp(torch, built: Built, inputs: np.ndarray, labels: np.ndarray) -> Ca
     _copy(torch, model[2].bias, p["mlp_b2"])
     xs, ys = torch.from_numpy(inputs), torch.from_numpy(labels)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    return torch_loop(torch, model, optimizer,
+    return torch_loop(optimizer,
                       lambda step: nnt.functional.cross_entropy(model(xs[step % BATCHES]), ys[step % BATCHES]))
 
 
@@ -248,7 +233,7 @@ def torch_cnn(torch, built: Built, inputs: np.ndarray, labels: np.ndarray) -> Ca
     xs = torch.from_numpy(inputs).permute(0, 1, 4, 2, 3).contiguous()  # NCHW
     ys = torch.from_numpy(labels)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    return torch_loop(torch, model, optimizer,
+    return torch_loop(optimizer,
                       lambda step: nnt.functional.cross_entropy(model(xs[step % BATCHES]), ys[step % BATCHES]))
 
 
@@ -280,7 +265,7 @@ def torch_transformer(torch, built: Built) -> Callable[[int], float]:
         y = h + layers["ff2"](torch.relu(layers["ff1"](layers["ln2"](h))))
         return ((y - target) ** 2).mean()
 
-    return torch_loop(torch, layers, optimizer, batch_loss)
+    return torch_loop(optimizer, batch_loss)
 
 
 def check_losses(name: str, ours: Callable[[int], float], theirs: Callable[[int], float]) -> str:

@@ -171,7 +171,9 @@ def torch_stepper(model: str) -> Callable[[int], float]:
     return _torch_transformer(torch)
 
 
-def _torch_loop(optimizer, batch_loss) -> Callable[[int], float]:
+def torch_loop(optimizer, batch_loss) -> Callable[[int], float]:
+    """``steps(n)``: n PyTorch training steps (the loss of batch ``count``, backward, the
+    optimizer's step), returning the last loss; the step count carries over between calls."""
     count = [0]
 
     def steps(n: int) -> float:
@@ -200,7 +202,7 @@ def _torch_moons(torch) -> Callable[[int], float]:
         b = step % 80
         return torch.relu(1 - ys[b] * model(xs[b])).mean()
 
-    return _torch_loop(optimizer, batch_loss)
+    return torch_loop(optimizer, batch_loss)
 
 
 def _torch_cnn(torch) -> Callable[[int], float]:
@@ -215,7 +217,7 @@ def _torch_cnn(torch) -> Callable[[int], float]:
         b = step % BATCHES
         return torch.nn.functional.cross_entropy(model(xs[b]), ys[b])
 
-    return _torch_loop(optimizer, batch_loss)
+    return torch_loop(optimizer, batch_loss)
 
 
 def _torch_transformer(torch, batch: int = 8, seq: int = 16, d: int = 32, heads: int = 2, mlp: int = 64,
@@ -247,7 +249,7 @@ def _torch_transformer(torch, batch: int = 8, seq: int = 16, d: int = 32, heads:
         logits = layers["out"](layers["ln3"](h))
         return torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), ids[:, 1:].reshape(-1))
 
-    return _torch_loop(optimizer, batch_loss)
+    return torch_loop(optimizer, batch_loss)
 
 
 # ---------------------------------------------------------------------------------------------
