@@ -27,7 +27,7 @@ from ocannl.lowlevel.assignments import (Accum, Apply, Arg, Assignment, Block, F
 from ocannl.lowlevel.dtypes import DType, DTypeError
 from ocannl.lowlevel.indexing import IndexSymbol, Iter, Projections
 from ocannl.lowlevel.scalar_ops import UINT4X32_LANES, Binop, ScalarOp, Ternop, Unop
-from ocannl.lowlevel.tnode import TNode
+from ocannl.lowlevel.tnode import TNode, mark_virtual
 from ocannl.shape import einsum as es
 from ocannl.shape import solver as solver_mod
 from ocannl.shape.logic import (BatchSlice, Compose, Einsum, Interleave, Pointwise, ShapeLogic, Take, Words,
@@ -245,6 +245,9 @@ def first_maximum(offered) -> Gradient:
                                proj.rhs_dims + (window,), proj.project_lhs,
                                proj.project_rhs + (tuple(Iter(r) for r in reduced),), proj.debug)
         position = TNode(f"{t.label}_window_position", dims=window, dtype=dtype)
+        # Virtual: each read becomes the window's loop indices as a number, so the search for the
+        # first maximum is a select between two values computed in registers, not a load.
+        mark_virtual(position)
         first = TNode(f"{t.label}_first_maximum", dims=t.dims, dtype=dtype)
         extra = {"position": (position, len(t.operands) + 1), "first": (first, 0)}
         is_maximum = _b(Binop.EQ, offered, "v")

@@ -57,18 +57,31 @@ _INFIX = {Binop.ADD: "+", Binop.SUB: "-", Binop.MUL: "*", Binop.DIV: "/"}
 _COMPARISONS = {Binop.LT: "<", Binop.GT: ">", Binop.EQ: "==", Binop.NE: "!="}
 
 _RULES: dict[Unop | Binop, tuple[str, str]] = {
-    Binop.MAX: ("a, b", "(a > b{nan}) ? a : b"),
-    Binop.MIN: ("a, b", "(a < b{nan}) ? a : b"),
-    Unop.RELU: ("x", "x > {zero} ? x : {zero}"),
     Unop.SAT01: ("x", "!(x > {zero}) ? {zero} : x < {one} ? x : {one}"),
     Unop.NOT: ("x", "x == {zero} ? {one} : {zero}"),
-    Binop.RELU_GATE: ("a, b", "a > {zero} ? b : {zero}"),
     Binop.SAT01_GATE: ("a, b", "{zero} < a && a < {one} ? b : {zero}"),
 }
 """Operators printed as a call of a helper ``ocannl_<op>``: its parameters and the expression it
-returns, the interpreter's rule written with comparisons. With one NaN operand ``max`` and
-``min`` return the other (a NaN ``a`` fails the comparison; ``{nan}`` catches a NaN ``b``), as the
-math library's ``fmax``/``fmin`` do, but these also fix which zero ``max(-0.0, 0.0)`` gives."""
+returns, the interpreter's rule written with comparisons."""
+
+_SELECTS: dict[Unop | Binop, tuple[str, str, str, str]] = {
+    Binop.MAX: ("a, b", "a > b", "a", "b"),
+    Binop.MIN: ("a, b", "a < b", "a", "b"),
+    Unop.RELU: ("x", "x > {zero}", "x", "{zero}"),
+    Binop.RELU_GATE: ("a, b", "a > {zero}", "b", "{zero}"),
+}
+"""Operators whose helper returns one of two values already computed: parameters, the test, the
+value where it holds and the value where it does not. With one NaN operand ``max`` and ``min``
+return the other (a NaN ``a`` fails the comparison; a second test catches a NaN ``b``), as the
+math library's ``fmax``/``fmin`` do, but these also fix which zero ``max(-0.0, 0.0)`` gives.
+
+Each has two helpers. ``ocannl_max`` is a conditional expression: in a loop the C compiler's
+loop vectorizer turns it into a vector select, and in a serial chain (a maximum over a row) a
+predicted branch keeps the select's latency off the chain. ``ocannl_max_blend``, printed for
+wide register tiles (``Syntax.vector_tile``, ocannl/backends/codegen.py), is
+:meth:`CFamilySyntax.select`, the tests joined with ``|`` so both are evaluated: a tile's cells
+are straight-line code, where GCC keeps a conditional expression a branch per cell and
+vectorizes the select of bits."""
 
 _TAGS = {dtypes.float32: "f32", dtypes.float64: "f64", dtypes.int32: "i32", dtypes.int64: "i64", dtypes.uint32: "u32"}
 """The compute types a typed helper is written for, in print order, and the suffix that names a
@@ -188,8 +201,8 @@ class CFamilySyntax(Syntax):
             return f"{self.helper('ocannl_uint4x32_of')}({x})"
         if op is Unop.ID:
             return x
-        if op in _RULES:
-            return f"{self.helper(f'ocannl_{op.value}', dtype)}({x})"
+        if op in _RULES or op in _SELECTS:
+            return f"{self.helper(self._rule_name(op, dtype), dtype)}({x})"
         if op is Unop.NEG:
             return f"(-{x})"
         if op is Unop.ABS:
@@ -216,8 +229,8 @@ class CFamilySyntax(Syntax):
             return f"({a}){self.lane_subscript.format(b)}"
         if op in _INFIX:
             return f"({a} {_INFIX[op]} {b})"
-        if op in _RULES:
-            return f"{self.helper(f'ocannl_{op.value}', dtype)}({a}, {b})"
+        if op in _RULES or op in _SELECTS:
+            return f"{self.helper(self._rule_name(op, dtype), dtype)}({a}, {b})"
         t = self.compute_type(dtype)
         if op in _COMPARISONS:
             return self.convert(t, f"{a} {_COMPARISONS[op]} {b}", compound=True)
@@ -245,6 +258,26 @@ class CFamilySyntax(Syntax):
     def where(self, cond: str, a: str, b: str) -> str:
         return f"({cond} ? {a} : {b})"
 
+    def _rule_name(self, op: Unop | Binop, dtype: DType) -> str:
+        """The helper of a rule operator: for a float select in a wide register tile
+        (``vector_tile``), the one that selects without a branch (``ocannl_max_blend``)."""
+        blend = op in _SELECTS and self.vector_tile and dtype.is_float
+        return f"ocannl_{op.value}_blend" if blend else f"ocannl_{op.value}"
+
+    def select(self, dtype: DType, cond: str, a: str, b: str) -> str:
+        """``a`` where the int ``cond`` is nonzero, else ``b``, both already evaluated (free of
+        effects and of failures). Floats go through the helper ``ocannl_select``
+        (:meth:`select_body`): a select without a branch, which the compiler vectorizes, where
+        a conditional expression in straight-line code stays a branch per cell."""
+        if dtype.is_float:
+            return f"{self.helper('ocannl_select', dtype)}({cond}, {a}, {b})"
+        return f"({cond}) ? {a} : {b}"
+
+    @abc.abstractmethod
+    def select_body(self, dtype: DType) -> str:
+        """The statements of ``ocannl_select`` for the float ``dtype``: parameters ``int cond``,
+        ``a`` and ``b``; returns ``a`` where ``cond`` is nonzero, else ``b``, bit for bit."""
+
     def cast(self, x: str, source: DType, target: DType) -> str:
         if source is target:
             return x
@@ -264,16 +297,19 @@ class CFamilySyntax(Syntax):
         """The code of the helper functions printed so far, each once, in :data:`_HELPERS` order,
         preceded by the language's own definitions they and the walk need
         (:meth:`definitions`)."""
-        needed = {name: set(types) for name, types in self._used.items()}
-        for name in list(needed):
-            for dependency in _HELPERS[name].requires:
-                needed.setdefault(dependency, set())
-        helpers = []
-        for name, helper in _HELPERS.items():
-            if name in needed:
-                types = [d for d in _TAGS if d in needed[name]] or [None]
-                helpers.append("\n".join(helper.write(self, d) for d in types))
-        return [*self.definitions(), *helpers]
+        while True:  # writing a helper may use another (a select): again until none is added
+            used = {name: set(types) for name, types in self._used.items()}
+            needed = {name: set(types) for name, types in used.items()}
+            for name in list(needed):
+                for dependency in _HELPERS[name].requires:
+                    needed.setdefault(dependency, set())
+            helpers = []
+            for name, helper in _HELPERS.items():
+                if name in needed:
+                    types = [d for d in _TAGS if d in needed[name]] or [None]
+                    helpers.append("\n".join(helper.write(self, d) for d in types))
+            if self._used == used:
+                return [*self.definitions(), *helpers]
 
     def definitions(self) -> list[str]:
         """Code the language needs before any helper: type definitions of printed types. Called
@@ -300,11 +336,36 @@ def _rule(op: Unop | Binop) -> _Helper:
         t = s.compute_type(dtype)
         name = helper_name(f"ocannl_{op.value}", dtype, s.overloads)
         signature = ", ".join(f"{t} {p}" for p in params.split(", "))
-        nan = " || b != b" if dtype.is_float else ""
-        body = result.format(zero=s.literal(0, dtype), one=s.literal(1, dtype), nan=nan)
+        body = result.format(zero=s.literal(0, dtype), one=s.literal(1, dtype))
         return f"{s.inline} {t} {name}({signature}) {{ return {body}; }}"
 
     return _Helper(write)
+
+
+def _select_rule(op: Unop | Binop, blend: bool) -> _Helper:
+    """The helper of a select operator: a conditional expression (``||`` joining the tests), or
+    with ``blend`` a select without a branch (``|``: both tests evaluated;
+    :meth:`CFamilySyntax.select`)."""
+    params, test, then, other = _SELECTS[op]
+
+    def write(s: CFamilySyntax, dtype: DType) -> str:
+        t = s.compute_type(dtype)
+        name = helper_name(f"ocannl_{op.value}" + "_blend" * blend, dtype, s.overloads)
+        signature = ", ".join(f"{t} {p}" for p in params.split(", "))
+        zero = s.literal(0, dtype)
+        cond, a, b = test.format(zero=zero), then.format(zero=zero), other.format(zero=zero)
+        if op in (Binop.MAX, Binop.MIN) and dtype.is_float:
+            cond = f"({cond}) | (b != b)" if blend else f"({cond} || b != b)"
+        body = s.select(dtype, cond, a, b) if blend else f"{cond} ? {a} : {b}"
+        return f"{s.inline} {t} {name}({signature}) {{ return {body}; }}"
+
+    return _Helper(write)
+
+
+def _select(s: CFamilySyntax, dtype: DType) -> str:
+    t = s.compute_type(dtype)
+    name = helper_name("ocannl_select", dtype, s.overloads)
+    return f"{s.inline} {t} {name}(int cond, {t} a, {t} b) {{\n{s.select_body(dtype)}\n}}"
 
 
 def _unsigned(s: CFamilySyntax, dtype: DType) -> str:
@@ -423,7 +484,10 @@ _HELPERS: dict[str, _Helper] = {
     "ocannl_uint4x32_of": _Helper(_uint4x32_of),
     "ocannl_uint4x32_pack": _Helper(_uint4x32_pack),
     "ocannl_uniform1": _Helper(_uniform1),
+    "ocannl_select": _Helper(_select),
     **{f"ocannl_{op.value}": _rule(op) for op in _RULES},
+    **{f"ocannl_{op.value}": _select_rule(op, blend=False) for op in _SELECTS},
+    **{f"ocannl_{op.value}_blend": _select_rule(op, blend=True) for op in _SELECTS},
     "ocannl_abs": _Helper(_abs),
     "ocannl_div": _division(Binop.DIV),
     "ocannl_mod": _division(Binop.MOD),

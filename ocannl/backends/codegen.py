@@ -21,7 +21,9 @@ What the walk decides for every language:
   ``Load.oob_value`` reads become ``(in bounds ? x[...] : v)``; other accesses (dynamic positions
   of ``oc.take``, index symbols of unknown size) go through the table's checked index, which
   records a *site* number and clamps, and the runtime raises the site's error after the call.
-* **Evaluation order** follows the interpreter: ``where`` evaluates only its chosen branch; a
+* **Evaluation order** follows the interpreter: ``where`` evaluates only its chosen branch (or
+  both, into a select, where its test reads data and both are free of effects, failures and
+  unproven reads, which is then indistinguishable); a
   :class:`~ocannl.lowlevel.ir.LocalScope` runs its statements just before the statement that
   uses it (a where branch holding one becomes an ``if``).
 * **Contractions** and **parallel loops**: which nests print as register tiles, with which tile
@@ -53,13 +55,21 @@ from ocannl.lowlevel.ir import (
 )
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
 from ocannl.lowlevel.cpu_schedule import (
-    PARALLEL_MIN_WORK, TILE_PARALLEL_MIN_WORK, ContractionPlan, GemmPlan, MicroKernel, parallel_safe, plan_contraction, work,
+    PARALLEL_MIN_WORK, TILE_PARALLEL_MIN_WORK, ContractionPlan, GemmPlan, MicroKernel, in_store_order, parallel_safe,
+    plan_contraction, work,
 )
 from ocannl.lowlevel.tnode import TNode
 
 PART_STATEMENTS = 32
 """Top-level statements per part of a long routine (:meth:`Emitter.body`): enough that the parts'
 calls cost nothing next to their work, few enough that the C compiler's time stays linear."""
+
+VECTOR_TILE_COLUMNS = 4
+"""Columns of a register tile (cells at consecutive offsets) from which its selects print
+without branches (``Syntax.vector_tile``): four floats, the narrowest vector. The CNN step of
+bench/cpu_steps.py (tiles of 8 columns) gains from it; the transformer step's 2 x 1 tiles of a
+maximum over a row lose 8% to it."""
+
 
 class Syntax(abc.ABC):
     """The table of a C-family language: everything the walk prints that is not structure.
@@ -71,6 +81,11 @@ class Syntax(abc.ABC):
     index_type = "int"
     index_dtype = dtypes.int32
     """The type of loop indices and offsets, in the language and as a precision."""
+    vector_tile = False
+    """Whether the walk is printing the cells of a register tile of at least
+    :data:`VECTOR_TILE_COLUMNS` columns (it sets this around such a contraction): straight-line
+    code the C compiler vectorizes across the columns, where a language may print selects its
+    own way. A narrower tile's cells are a few serial chains, better served by branches."""
     restrict = "restrict"
 
     @abc.abstractmethod
@@ -440,8 +455,16 @@ class Emitter:
         if not self._in_scope and self._env == {}:
             plan = plan_contraction(loop, self._vector_bytes)
             if plan is not None:
-                self.contraction(plan)
+                # A wide tile's cells are straight-line code: selects print without branches.
+                wide, self.syntax.vector_tile = self.syntax.vector_tile, plan.nr >= VECTOR_TILE_COLUMNS
+                try:
+                    self.contraction(plan)
+                finally:
+                    self.syntax.vector_tile = wide
                 return
+            reordered = in_store_order(loop)
+            if reordered is not None:
+                loop = reordered
         pragma = None
         if self.parallel and not self._in_parallel and not self._in_scope and work(loop) >= PARALLEL_MIN_WORK:
             if parallel_safe(loop):
@@ -1075,6 +1098,12 @@ class Emitter:
             branches.append((self._out.lines, text))
             self._out = saved
         if not branches[0][0] and not branches[1][0]:
+            if (then.dtype.is_float and _reads_memory(cond)
+                    and self._speculable(then) and self._speculable(other)):
+                # A test on data is a branch the processor cannot predict: where both values are
+                # safe to compute, a select instead (a test on loop indices alone stays a
+                # branch, predictable and often hoisted out of the inner loop by the compiler).
+                return self.syntax.select(then.dtype, test, branches[0][1], branches[1][1])
             return self.syntax.where(test, branches[0][1], branches[1][1])
         temp = f"_w{self._temps}"
         self._temps += 1
@@ -1085,6 +1114,30 @@ class Emitter:
             self.line(f"  {temp} = {text};")
         self.line("}")
         return temp
+
+    def _speculable(self, e: Expr) -> bool:
+        """Whether computing ``e`` where the interpreter would not can change nothing: no
+        statements, no checked index (it records an error), no integer division (a zero divisor
+        is an error), no conversion of a float to an integer (undefined out of range in C), and
+        every read provably inside its buffer (a read with its own bounds test is a branch
+        already)."""
+        match e:
+            case Const() | GetLocal() | EmbedIndex():
+                return True
+            case Load(tnode=node, indices=indices):
+                return all(isinstance(i, (Fixed, Iter, Affine)) and provably_within(i, d, self._extents)
+                           for i, d in zip(indices, node.dims))
+            case Unary(x=x):
+                return x.dtype.is_float == e.dtype.is_float and self._speculable(x)
+            case Binary(op=op, a=a, b=b):
+                if op in (Binop.DIV, Binop.MOD) and not e.dtype.is_float:
+                    return False
+                return self._speculable(a) and self._speculable(b)
+            case Ternary(a=a, b=b, c=c):
+                return self._speculable(a) and self._speculable(b) and self._speculable(c)
+            case Cast(x=x, dtype=dtype):
+                return (dtype.is_float or not x.dtype.is_float) and self._speculable(x)
+        return False
 
     # -- indices ---------------------------------------------------------------------------------
 
@@ -1160,6 +1213,12 @@ class Emitter:
         if checked:
             offset = " + ".join(([] if offset == "0" else [offset]) + checked)
         return f"{self.nodes[node]}[{offset}]"
+
+
+def _reads_memory(e: Expr) -> bool:
+    """Whether ``e`` reads a buffer or a local (its value depends on data, not only on the
+    loop indices)."""
+    return any(isinstance(x, (Load, LoadDynamic, GetLocal, LocalScope)) for x in iter_exprs(e))
 
 
 def _digits(loops: tuple[tuple[Symbol, int], ...], flat: str) -> dict[Symbol, tuple[str, int]]:

@@ -23,8 +23,10 @@ from ocannl.backends.metal.syntax import MetalSyntax
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.dtypes import DType, DTypeError
 from ocannl.lowlevel.indexing import Fixed, Iter, Symbol
-from ocannl.lowlevel.ir import Binary, Cast, Const, EmbedIndex, Load, LoadDynamic, RoutineIR, Store, Unary, loop, seq
-from ocannl.lowlevel.scalar_ops import Binop, Unop
+from ocannl.lowlevel.ir import (
+    Binary, Cast, Const, EmbedIndex, Load, LoadDynamic, RoutineIR, Store, Ternary, Unary, loop, seq,
+)
+from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
 from ocannl.lowlevel.tnode import TNode
 
 COMPUTE_TYPES = {
@@ -78,8 +80,30 @@ def half_routine(dtype: DType, n: int = 8) -> RoutineIR:
     return RoutineIR(f"half_{dtype.name}", loop(i, n, Store(y, (Iter(i),), value)))
 
 
+def wide_tile_routine(dtype: DType, n: int = 128) -> RoutineIR:
+    """``m[i, j] := max over k of relu(x[i, k, j])`` and ``min``, ``relu_gate`` alike, each a
+    contraction printed as a register tile 8 columns wide, whose select operators print their
+    ``_blend`` helpers; and ``w[i, j] := where(x[i, 0, j] > 0, x[i, 1, j], 1)``, a where on data
+    printed as a select."""
+    x = TNode("x", (n, 4, 8), dtype)
+    stmts = []
+    for op, neutral in ((Binop.MAX, float("-inf")), (Binop.MIN, float("inf")), (Binop.ADD, 0.0)):
+        m = TNode(f"m_{op.value}", (n, 8), dtype)
+        i, j, k = Symbol(), Symbol(), Symbol()
+        cell, read = (Iter(i), Iter(j)), Load(x, (Iter(i), Iter(k), Iter(j)))
+        term = Unary(Unop.RELU, read) if op is not Binop.ADD else Binary(Binop.RELU_GATE, read, read)
+        reduce = loop(k, 4, Store(m, cell, Binary(op, Load(m, cell), term)))
+        stmts.append(loop(i, n, loop(j, 8, seq(Store(m, cell, Const(neutral, dtype)), reduce))))
+    i, j = Symbol(), Symbol()
+    test = Binary(Binop.GT, Load(x, (Iter(i), Fixed(0), Iter(j))), Const(0.0, dtype))
+    value = Ternary(Ternop.WHERE, test, Load(x, (Iter(i), Fixed(1), Iter(j))), Const(1.0, dtype))
+    stmts.append(loop(i, n, loop(j, 8, Store(TNode("w", (n, 8), dtype), (Iter(i), Iter(j)), value))))
+    return RoutineIR(f"wide_{dtype.name}", seq(*stmts))
+
+
 def sources(language: str) -> list[tuple[str, str]]:
     routines = [every_helper_routine(d) for d in COMPUTE_TYPES[language]]
+    routines += [wide_tile_routine(dtypes.float32)]
     routines += [prng_routine(d) for d in COMPUTE_TYPES[language] if d.is_float]
     routines += [half_routine(dtypes.float16), half_routine(dtypes.bfloat16)]
     return [(r.name, EMIT[language](r)) for r in routines]
@@ -103,7 +127,9 @@ def test_a_source_defines_exactly_the_helpers_it_calls_once_before_their_use(lan
             calls = [m.start() for m in re.finditer(rf"\b{helper}\(", text) if m.start() not in named_at]
             assert calls, f"{name}: {helper} is defined and never called"
             assert min(calls) > defined_at, f"{name}: {helper} is called before it is defined"
-    missed = [h for h in _HELPERS if not any(d == h or d.startswith(f"{h}_") for d in defined)]
+    # MSL kernels print no register tiles, so no select of a tile's cells (``_blend``).
+    expected = [h for h in _HELPERS if language == "c" or not h.endswith("_blend")]
+    missed = [h for h in expected if not any(d == h or d.startswith(f"{h}_") for d in defined)]
     assert not missed, f"no source exercised {missed}"
 
 

@@ -549,3 +549,152 @@ def test_small_training_step_runs_no_parallel_region():
     text = oc.Context("c").compile(*build())._executable.source.text
     assert "as a packed GEMM" in text, "the step's products are packed (on one thread)"
     assert "#pragma omp" not in text
+
+
+# ---------------------------------------------------------------------------------------------
+# Selects: in wide register tiles max, min and relu, and a where on data everywhere, print as
+# selects of bits, not branches
+
+
+def pool_step_values(backend: str, channels: int) -> dict[str, np.ndarray]:
+    """One SGD step through a padded 3x3 convolution, relu, a 2x2 max pool and a second
+    convolution, on inputs with ties, zeros of both signs and NaNs: the pool's maximum, the
+    search for each window's first maximum and the relu gates all go through selects."""
+    session.reset()
+    oc.seed(0)
+    rng = np.random.default_rng(channels)
+    data = rng.standard_normal((4, 6, 6, channels)).astype(np.float32)
+    data[0, :2, :2, :] = 1.5  # a window of ties
+    data[1, 0, 0, 0], data[1, 0, 1, 0] = -0.0, 0.0
+    data[2, 2, 2, 0] = np.nan
+    x = oc.tensor(data, batch=1, label="x")
+    conv1, conv2 = nn.conv2d(channels, label="conv1"), nn.conv2d(5, label="conv2")
+    pooled = nn.max_pool2d(oc.relu(conv1(x)))
+    y = conv2(pooled)
+    loss = (y * y).mean(label="loss")
+    update = train.grad_update(loss)
+    ctx = oc.Context(backend)
+    routine = ctx.compile(update, train.sgd_update(update, lr=0.01))
+    routine.run()
+    return {"pooled": ctx.get(pooled.value), **{p.label: ctx.get(p.value) for p in (*conv1.params, *conv2.params)}}
+
+
+@pytest.mark.parametrize("backend", ["c", "metal", "triton"])
+@pytest.mark.parametrize("channels", [3, 5, 13])
+def test_pool_and_relu_selects_equal_interpreter(backend, channels):
+    if not runs_here(backend):
+        pytest.skip(f"{backend} does not run here")
+    session.reset()
+    got, expected = pool_step_values(backend, channels), pool_step_values("interp", channels)
+    for name, value in expected.items():
+        # NaNs propagate into the parameters; compare where the interpreter has a number and
+        # require the same NaN cells. C and Metal sum each cell in the interpreter's order (the
+        # same bits); Triton regroups the convolutions' sums into trees (ulps apart).
+        assert np.array_equal(np.isnan(got[name]), np.isnan(value)), name
+        finite = ~np.isnan(value)
+        if backend == "triton":
+            np.testing.assert_allclose(got[name][finite], value[finite], rtol=1e-5, atol=1e-6, err_msg=name)
+        else:
+            assert np.array_equal(got[name][finite].view(np.uint32), value[finite].view(np.uint32)), name
+
+
+def _pool_source(vector_bytes: int | None = 32) -> str:
+    """The C source of a convolution and max pool's gradient at the CNN benchmark's sizes (the
+    pool's forward maximum and first-maximum search as register tiles 8 columns wide)."""
+    session.reset()
+    x = oc.tensor(np.zeros((64, 8, 8, 1), np.float32), batch=1, label="x")
+    update = train.grad_update(nn.max_pool2d(nn.conv2d(8, label="conv")(x)).sum(label="loss"))
+    routine = oc.Context("interp").compile(update)
+    return emit_c(routine.ir, vector_bytes=vector_bytes).text
+
+
+def test_pool_search_prints_selects_not_conditional_loads():
+    """The first-maximum search reads the window position as the loop indices (a virtual node)
+    and chooses between it and the window size with a select: no ``?:`` around a load."""
+    text = _pool_source()
+    search = [line for line in text.splitlines() if "= ocannl_min_blend_f32(" in line]
+    assert search, "no first-maximum search in the pool's gradient"
+    for line in search:
+        assert line.count("ocannl_select_f32(") == 1 and "?" not in line, line
+        assert "window_position" not in line, line
+    assert "= ocannl_max_blend_f32(" in text, "the forward maximum's tile selects without branches"
+    assert "ocannl_max_blend_f32(float a, float b) { return ocannl_select_f32((a > b) | (b != b), a, b); }" in text
+    assert "x = (x & mask) | (y & ~mask);" in text
+
+
+def test_index_only_where_keeps_its_branch():
+    """A where whose test reads only loop indices (a convolution's padding guard) stays a
+    conditional expression: predictable, and the C compiler hoists it out of the inner loop."""
+    session.reset()
+    x = oc.tensor(np.zeros((2, 6, 6, 3), np.float32), batch=1, label="x")
+    conv = nn.conv2d(4, label="conv")
+    update = train.grad_update((conv(x) * conv(x)).sum(label="loss"))
+    routine = oc.Context("interp").compile(update)
+    text = emit_c(routine.ir, vector_bytes=32).text
+    guarded = [line for line in text.splitlines() if " >= 0 && " in line and "x[" in line]
+    assert guarded and not any("ocannl_select_f32(" in line for line in guarded)
+
+
+@needs_c
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="reads x86-64 assembly")
+def test_pool_selects_vectorize():
+    """The max pool's forward tile and its first-maximum search compile to packed comparisons
+    (the selects vectorize) with the backend's own compiler and flags."""
+    from ocannl.backends.c.compiler import toolchain
+
+    tc = toolchain()
+    if not any(name in tc.version.lower() for name in ("gcc", "clang", "free software foundation")):
+        pytest.skip(f"assembly of {tc.command} is not read here")
+    text = _pool_source(tc.vector_bytes or None)
+    result = subprocess.run([*tc.command, *tc.flags, "-S", "-o", "-", "-x", "c", "-"], input=text,
+                            capture_output=True, text=True, check=True)
+    functions: dict[str, list[str]] = {}
+    current = None
+    for line in result.stdout.splitlines():
+        if line and not line[0].isspace() and line.endswith(":") and not line.startswith("."):
+            current = line[:-1]
+        elif current is not None:
+            functions.setdefault(current, []).append(line.strip())
+    packed = [name for name, body in functions.items()
+              if any(line.split()[0].lstrip("v") == "cmpps" for line in body if line)]
+    # The forward maximum and the first-maximum search: two kernels of packed comparisons.
+    assert len(packed) >= 2, f"packed comparisons only in {packed} of {sorted(functions)}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Elementwise nests run over consecutive cells innermost
+
+
+def _spread_nest(read_back: bool = False):
+    """``y[2*i + k, j] := x[i, j] * 2`` over loops ``i < 4, j < 8, k < 2`` (a max pool's gradient
+    spreading a window's value: the window loop ``k`` innermost, over cells 8 apart)."""
+    x, y = TNode("x", (4, 8), dtypes.float32), TNode("y", (8, 8), dtypes.float32)
+    i, j, k = Symbol(), Symbol(), Symbol()
+    cell = (Affine(((2, i), (1, k))), Iter(j))
+    value = Binary(Binop.MUL, Load(x, (Iter(i), Iter(j))), Const(2.0, dtypes.float32))
+    if read_back:
+        value = Binary(Binop.ADD, value, Load(y, (Iter(j), Iter(i))))
+    return loop(i, 4, loop(j, 8, loop(k, 2, Store(y, cell, value)))), (i, j, k)
+
+
+def test_elementwise_nest_is_reordered_by_store_stride():
+    nest, (i, j, k) = _spread_nest()
+    reordered = cpu_schedule.in_store_order(nest)
+    chain = []
+    while isinstance(reordered, type(nest)):
+        chain.append((reordered.symbol, reordered.extent))
+        reordered = reordered.body
+    assert chain == [(i, 4), (k, 2), (j, 8)], "the loop over consecutive cells goes innermost"
+    assert reordered == nest.body.body.body, "the stored statement is unchanged"
+    assert cpu_schedule.in_store_order(cpu_schedule.in_store_order(nest)) is None, "already in order"
+
+
+def test_nests_not_reordered():
+    """A read of the stored node at another cell, and a store that writes a cell twice (a sum
+    of two loops of stride 1), keep their order."""
+    nest, _ = _spread_nest(read_back=True)
+    assert cpu_schedule.in_store_order(nest) is None
+    y = TNode("y", (5,), dtypes.float32)
+    a, b = Symbol(), Symbol()
+    twice = loop(a, 4, loop(b, 2, Store(y, (Affine(((1, b), (1, a))),), Const(1.0, dtypes.float32))))
+    assert cpu_schedule.in_store_order(twice) is None

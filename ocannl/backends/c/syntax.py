@@ -105,6 +105,21 @@ class CSyntax(CFamilySyntax):
         self._defined.add(_STORAGE_CONVERSIONS[dtype][0])
         return f"{_STORAGE_CONVERSIONS[dtype][direction]}({x})"
 
+    def select_body(self, dtype: DType) -> str:
+        """The test widened to a mask of all ones or all zeros and the two values' bits combined
+        through it (``memcpy`` is how C reads a float's bits; the compiler turns it into
+        register moves), which GCC's straight-line vectorizer turns into a vector blend."""
+        bits, size = ("uint32_t", 4) if dtype.compute is dtypes.float32 else ("uint64_t", 8)
+        return (
+            f"  {bits} mask = ({bits})0 - ({bits})(cond != 0), x, y;\n"
+            f"  {self.compute_type(dtype)} r;\n"
+            f"  memcpy(&x, &a, {size});\n"
+            f"  memcpy(&y, &b, {size});\n"
+            f"  x = (x & mask) | (y & ~mask);\n"
+            f"  memcpy(&r, &x, {size});\n"
+            f"  return r;"
+        )
+
     def parallel_for(self, collapse: int) -> str | None:
         return "#pragma omp parallel for" + (f" collapse({collapse})" if collapse > 1 else "")
 

@@ -4,7 +4,9 @@ Every operator prints so that the kernel computes the interpreter's values: floa
 float (the backend asks Metal for IEEE semantics, no fast math; the shim compiles with
 ``-ffp-contract=off``), the transcendental functions as their ``precise::`` variants, integer
 results wrapping around. ``where`` is a conditional expression (``select`` would evaluate both
-branches, and a gather in the branch not taken may read out of bounds).
+branches, and a gather in the branch not taken may read out of bounds), except where the walk
+proves both branches safe to compute (ocannl/backends/codegen.py, ``Emitter.where``): then it is
+``ocannl_select``, MSL's ``select``.
 
 What MSL spells its own way: conversions are constructor casts ``T(x)``; helpers are ``inline``
 and overloaded, one ``ocannl_max`` per compute type; the failure status is a ``device
@@ -67,6 +69,9 @@ class MetalSyntax(CFamilySyntax):
     lane_subscript = "[{}]"
     status_param = "device atomic_int* status"
     store_status = "atomic_store_explicit(status, site, memory_order_relaxed)"
+
+    def select_body(self, dtype: DType) -> str:
+        return "  return select(b, a, cond != 0);  /* MSL's select: no branch */"
 
     def storage_type(self, dtype: DType) -> str:
         return msl_type(dtype)
