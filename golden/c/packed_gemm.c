@@ -11,14 +11,14 @@
 #define OCANNL_NEST_FN
 #endif
 
+/* 8 floats in one vector register; the second type reads and writes them at any float address. */
+typedef float ocannl_f32x8 __attribute__((vector_size(32)));
+typedef float ocannl_f32x8u __attribute__((vector_size(32), aligned(4)));
+
 #include <stdlib.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-
-/* 8 floats in one vector register; the second type reads and writes them at any float address. */
-typedef float ocannl_f32x8 __attribute__((vector_size(32)));
-typedef float ocannl_f32x8u __attribute__((vector_size(32), aligned(4)));
 
 /* c[6 x 16] (row stride ldc) += a[kc x 6] * b[kc x 16], packed strips, each block of 64 terms summed from zero, then added to c;
    12 accumulators of 8 floats, one lane per cell; fresh: c holds no value yet,
@@ -93,7 +93,7 @@ static inline void ocannl_gemm_6x16_f32x8_blocks64_ab(
   }
 }
 
-static OCANNL_NEST_FN void packed_gemm_tile3(
+static OCANNL_NEST_FN void packed_gemm_tile2(
     const float *restrict a,
     const float *restrict b,
     float *restrict c,
@@ -109,16 +109,17 @@ static OCANNL_NEST_FN void packed_gemm_tile3(
 #else
     const int64_t _nt = 1;
 #endif
-    /* rows per unit of work: two units per thread and column block, so that a thread
-       another process slows down leaves its units to the others */
-    const int64_t _mu = _nt == 1 ? 50 : ((50 + 2*_nt - 1) / (2*_nt) + 5) / 6 * 6;
+    /* two units of work per thread, so that a thread another process slows down
+       leaves its units to the others */
+    /* rows per unit of work: two units per thread and column block */
+    const int64_t _mu = _nt == 1 ? 50 : ((50 + 2*_nt - 1) / (2*_nt) + 5) / 6 * 6, _nb = 48;
     /* units of columns and rows, each packing its own panels; no thread waits for another */
     #pragma omp for schedule(dynamic) collapse(2)
-    for (int64_t _jc = 0; _jc < 40; _jc += 48) {
+    for (int64_t _jc = 0; _jc < 40; _jc += _nb) {
       for (int64_t _iu = 0; _iu < 50; _iu += _mu) {
         if (!_pb) continue;  /* no buffers: the failure is reported */
         float *const _pa = _pb + 9600;
-        const int64_t _nc = 40 - _jc < 48 ? 40 - _jc : 48, _mend = _iu + _mu < 50 ? _iu + _mu : 50;
+        const int64_t _nc = 40 - _jc < _nb ? 40 - _jc : _nb, _mend = _iu + _mu < 50 ? _iu + _mu : 50;
         for (int64_t _pc = 0; _pc < 200; _pc += 200) {
           const int64_t _kc = 200 - _pc < 200 ? 200 - _pc : 200;
           /* pack B: the panel's columns in strips of 16, k after k */
@@ -180,7 +181,7 @@ static int packed_gemm(
     const float *restrict b,
     float *restrict c) {
   int _status_cell = 0, *_status = &_status_cell;  /* the failed check, if any */
-  packed_gemm_tile3(a, b, c, _status);
+  packed_gemm_tile2(a, b, c, _status);
   return _status_cell;
 }
 

@@ -29,7 +29,9 @@ What the walk decides for every language:
 * **Contractions** and **parallel loops**: which nests print as register tiles, with which tile
   sizes, and which loops get the table's parallel pragma (OpenMP in C), is decided by
   ``ocannl/lowlevel/cpu_schedule.py``; the walk prints its :class:`ContractionPlan` as tiles of
-  accumulators in scalar variables, each cell adding its terms in the interpreter's order, and a
+  accumulators in scalar variables (in vectors where a language with a :class:`GemmTarget` has
+  them and the terms factor, :meth:`Emitter._tile_lanes`), each cell adding its terms in the
+  interpreter's order, and a
   parallel loop's iterations writing disjoint cells, so results do not depend on the thread count.
   A language with a :class:`GemmTarget` (C) gets GEMM-class contractions as packed GEMMs
   (:meth:`Emitter._gemm`, docs/codegen.md "Packed GEMM"), in the same order per cell.
@@ -55,8 +57,8 @@ from ocannl.lowlevel.ir import (
 )
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
 from ocannl.lowlevel.cpu_schedule import (
-    PARALLEL_MIN_WORK, TILE_PARALLEL_MIN_WORK, ContractionPlan, GemmPlan, MicroKernel, in_store_order, parallel_safe,
-    plan_contraction, work,
+    PARALLEL_MIN_WORK, TILE_PARALLEL_MIN_WORK, ContractionPlan, GemmPlan, MicroKernel, in_store_order, leaf_terms,
+    parallel_safe, plan_contraction, work,
 )
 from ocannl.lowlevel.tnode import TNode
 
@@ -222,7 +224,8 @@ class Emitter:
     After :meth:`body`, :attr:`sites` lists the runtime checks (site ``k`` is reported as
     ``k + 1``), :attr:`functions` the helper functions the body calls (register-tiled
     contractions, printed by :meth:`contraction`), and :attr:`nodes`/:attr:`symbols` the
-    buffers and index symbols the routine takes, each with its printed name.
+    buffers and index symbols the routine takes, each with its printed name; :attr:`types` the
+    type declarations the functions use (vector types), printed before them.
     """
 
     def __init__(
@@ -253,6 +256,7 @@ class Emitter:
         self.gemm = gemm
         self._vector_bytes = gemm.vector_bytes if gemm is not None else None
         self._gemm_kernels: set[MicroKernel] = set()
+        self._vector_lanes: set[int] = set()
         self.namer = Namer()
         format_routine(routine, self.namer)  # number loops and locals exactly as the .ll file
         # Node names are already reserved nowhere; this scope adds the function, its tile
@@ -271,6 +275,7 @@ class Emitter:
             for s in sorted(routine.static_symbols, key=lambda s: s.name)
         }
         self.sites: list[Site] = []
+        self.types: list[list[str]] = []
         self.functions: list[list[str]] = []
         self._out = _Output()
         self._depth = 1
@@ -612,8 +617,8 @@ class Emitter:
         if not self._gemm_kernels:
             self.functions.append(gemm.declarations())
         if shape not in self._gemm_kernels:
-            if g.lanes > 1 and all(s.lanes != g.lanes for s in self._gemm_kernels):
-                self.functions.append(gemm.vector_types(g.lanes))
+            if g.lanes > 1:
+                self._declare_vector_type(g.lanes)
             self._gemm_kernels.add(shape)
             self.functions.append(gemm.kernel(shape))
         extents = dict((*g.rows, *g.cols, *g.k, *g.outer))
@@ -718,12 +723,12 @@ class Emitter:
         def unit() -> None:
             self.line("if (!_pb) continue;  /* no buffers: the failure is reported */")
             self.line(f"{real} *const _pa = _pb + {panel_b};")
-            self.line(f"const {it} _nc = {minimum(f'{n} - _jc', str(nc))}, _mend = {minimum('_iu + _mu', str(m))};")
+            self.line(f"const {it} _nc = {minimum(f'{n} - _jc', '_nb')}, _mend = {minimum('_iu + _mu', str(m))};")
             block(f"for ({it} _pc = 0; _pc < {n_k}; _pc += {kc})", panel)
 
         loops = [f"for ({it} {self.namer.symbol(s)} = 0; {self.namer.symbol(s)} < {extent}; ++{self.namer.symbol(s)})"
                  for s, extent in g.outer]
-        loops += [f"for ({it} _jc = 0; _jc < {n}; _jc += {nc})", f"for ({it} _iu = 0; _iu < {m}; _iu += _mu)"]
+        loops += [f"for ({it} _jc = 0; _jc < {n}; _jc += _nb)", f"for ({it} _iu = 0; _iu < {m}; _iu += _mu)"]
 
         def units(depth: int = 0) -> None:
             if depth == len(loops):
@@ -743,14 +748,22 @@ class Emitter:
             if parallel:
                 for line in gemm.thread_count("_nt"):  # preprocessor lines start in the first column
                     self._out.lines.append(line if line.startswith("#") else "  " * self._depth + line)
-                self.line("/* rows per unit of work: two units per thread and column block, so that a thread")
-                self.line("   another process slows down leaves its units to the others */")
-                share = f"(({m} + 2*_nt - 1) / (2*_nt) + {mr - 1}) / {mr} * {mr}"  # rounded to whole tiles
-                self.line(f"const {it} _mu = _nt == 1 ? {m} : {share};")
+                # Cut along the longer side, so that the operand each unit packs whole (the
+                # other side's) is the smaller one.
+                self.line("/* two units of work per thread, so that a thread another process slows down")
+                self.line("   leaves its units to the others */")
+                if n >= m:
+                    self.line("/* columns per unit of work; every unit takes all the rows */")
+                    share = f"(({n} + 2*_nt - 1) / (2*_nt) + {nr - 1}) / {nr} * {nr}"  # whole strips
+                    self.line(f"const {it} _mu = {m}, _nb = _nt == 1 || {share} > {nc} ? {nc} : {share};")
+                else:
+                    self.line("/* rows per unit of work: two units per thread and column block */")
+                    share = f"(({m} + 2*_nt - 1) / (2*_nt) + {mr - 1}) / {mr} * {mr}"  # whole tiles
+                    self.line(f"const {it} _mu = _nt == 1 ? {m} : {share}, _nb = {nc};")
                 self.line(f"/* units of columns and rows, each packing its own panels; no thread waits for another */")
                 self.line(gemm.work_shared_for(len(loops)))
             else:
-                self.line(f"const {it} _mu = {m};")
+                self.line(f"const {it} _mu = {m}, _nb = {nc};")
             units()
             self.line(gemm.release("_pb"))
 
@@ -851,21 +864,24 @@ class Emitter:
                     e[axis[0]] = (base, start + offset)
             return e
 
+        lanes = self._tile_lanes(plan, nr, blocks)
+        if lanes:
+            self._declare_vector_type(lanes)
         if blocks is not None and plan.scope is not None:
             dtype = plan.accumulator_dtype
             first = self.syntax.literal(plan.init.value if plan.init else _zero(dtype), dtype)
             for r, q in cells:
                 self.line(f"{self.syntax.compute_type(dtype)} _c{r}_{q} = {first};")
-            self._tile_blocks(plan, blocks, cells, cell_env)
+            self._tile_blocks(plan, blocks, cells, cell_env, lanes=lanes)
             out, idx = plan.store.tnode, plan.store.indices
             for r, q in cells:
                 self._env = cell_env(r, q)
                 self._scope_values[id(plan.scope)] = f"_c{r}_{q}"
                 self.line(f"{self.access(out, idx)} = {self.stored(out, plan.store.value)};")
         elif blocks is not None:
-            self._tile_blocks(plan, blocks, cells, cell_env, fresh)
+            self._tile_blocks(plan, blocks, cells, cell_env, fresh, lanes=lanes)
         else:
-            self._tile_loop_order(plan, cells, cell_env)
+            self._tile_loop_order(plan, cells, cell_env, lanes)
         self._scope_values.clear()
         self._env = {}
         for s in extents:
@@ -874,8 +890,10 @@ class Emitter:
             self._depth -= 1
             self.line("}")
 
-    def _tile_loop_order(self, plan: ContractionPlan, cells: list[tuple[int, int]], cell_env: Callable) -> None:
-        """A tile's cells accumulated in registers from their first value, in loop order."""
+    def _tile_loop_order(self, plan: ContractionPlan, cells: list[tuple[int, int]], cell_env: Callable,
+                         lanes: int | None = None) -> None:
+        """A tile's cells accumulated in registers from their first value, in loop order (in
+        vectors of ``lanes`` cells of a row when set, :meth:`_tile_lanes`)."""
         it = self.syntax.index_type
         out, idx = plan.store.tnode, plan.store.indices
         acc_dtype = plan.accumulator_dtype
@@ -894,6 +912,13 @@ class Emitter:
             else:
                 first = self._start(plan, fresh)
             self.line(f"{ctype} {acc(r, q)} = {first};")
+        if lanes:
+            nv = max(q for _, q in cells) // lanes + 1
+            rows = max(r for r, _ in cells) + 1
+            for r in range(rows):
+                for v in range(nv):
+                    firsts = ", ".join(acc(r, v * lanes + lane) for lane in range(lanes))
+                    self.line(f"ocannl_f32x{lanes} _vc{r}_{v} = {{{firsts}}};")
         depth_before = self._depth
         for n_loop, (s, n) in enumerate(plan.reductions):
             var = self.namer.symbol(s)
@@ -904,7 +929,9 @@ class Emitter:
             else:
                 self.line(f"for ({it} {var} = 0; {var} < {n}; ++{var}) {{")
             self._depth += 1
-        for r, q in cells:
+        if lanes:
+            self._vector_step(plan, plan.term, lambda r, v: f"_vc{r}_{v}", cells, cell_env, lanes)
+        for r, q in ([] if lanes else cells):
             self._env = cell_env(r, q)
             term = self.expr(plan.term)
             value = self.syntax.binary(plan.op, acc_dtype, acc(r, q), term)
@@ -914,6 +941,8 @@ class Emitter:
         while self._depth > depth_before:
             self._depth -= 1
             self.line("}")
+        for r, q in (cells if lanes else []):
+            self.line(f"{acc(r, q)} = _vc{r}_{q // lanes}[{q % lanes}];")
         for s, _ in plan.reductions:
             del self._extents[s]
         for r, q in cells:
@@ -925,7 +954,7 @@ class Emitter:
                 self.line(f"{self.access(out, idx)} = {self.syntax.to_storage(out.dtype, acc(r, q))};")
 
     def _tile_blocks(self, plan: ContractionPlan, blocks: Stmt, cells: list[tuple[int, int]], cell_env: Callable,
-                     fresh: tuple[str, ...] | None = None) -> None:
+                     fresh: tuple[str, ...] | None = None, lanes: int | None = None) -> None:
         """A tile's part of a reduction in blocks: loops as loops; at each leaf, every cell sums
         its block from zero in a register, then adds the block sum to the cell. ``fresh``: the
         conditions (all true) under which the leaf adds the cell's first block, which then
@@ -933,14 +962,14 @@ class Emitter:
         match blocks:
             case Seq(stmts=stmts):
                 for n_stmt, x in enumerate(stmts):
-                    self._tile_blocks(plan, x, cells, cell_env, fresh if n_stmt == 0 else None)
+                    self._tile_blocks(plan, x, cells, cell_env, fresh if n_stmt == 0 else None, lanes)
                 return
             case For(symbol=symbol, extent=n, body=body):
                 var = self.namer.symbol(symbol)
                 self.line(f"for ({self.syntax.index_type} {var} = 0; {var} < {n}; ++{var}) {{")
                 self._depth += 1
                 self._extents[symbol] = n
-                self._tile_blocks(plan, body, cells, cell_env, None if fresh is None else (*fresh, f"{var} == 0"))
+                self._tile_blocks(plan, body, cells, cell_env, None if fresh is None else (*fresh, f"{var} == 0"), lanes)
                 del self._extents[symbol]
                 self._depth -= 1
                 self.line("}")
@@ -954,7 +983,10 @@ class Emitter:
             start = f"_c{r}_{q}" if plan.scope is not None else self._start(plan, None if fresh is None else " && ".join(fresh))
             self.line(f"{self.syntax.compute_type(dtype)} _d{r}_{q} = {start};")
         self._env = {}
-        self._tile_block_sum(block, cells, cell_env, 0)
+        if lanes:
+            self._tile_block_sum_vector(plan, block, cells, cell_env, lanes)
+        else:
+            self._tile_block_sum(block, cells, cell_env, 0)
         for r, q in cells:
             self._env = cell_env(r, q)
             total = self.syntax.binary(Binop.ADD, dtype, f"_d{r}_{q}", f"_b0_{r}_{q}")
@@ -1020,6 +1052,136 @@ class Emitter:
                     self._env = {}
 
         walk(block.body)
+
+    def _tile_block_sum_vector(self, plan: ContractionPlan, block: LocalScope, cells: list[tuple[int, int]],
+                               cell_env: Callable, lanes: int) -> None:
+        """:meth:`_tile_block_sum` in vectors of ``lanes`` cells of a row (:meth:`_tile_lanes`):
+        the same sums lane by lane, each block of blocks summed from zero and added as it is
+        done; the block's sums are then the scalars ``_b0_<r>_<q>`` the caller adds to the cells."""
+        rows, nv = max(r for r, _ in cells) + 1, max(q for _, q in cells) // lanes + 1
+        vector = f"ocannl_f32x{lanes}"
+        level = 0
+
+        def declare(level: int) -> None:
+            for r in range(rows):
+                for v in range(nv):
+                    self.line(f"{vector} _vb{level}_{r}_{v} = {{0}};")
+
+        def walk(stmt: Stmt, level: int) -> None:
+            match stmt:
+                case Seq(stmts=stmts):
+                    for x in stmts:
+                        walk(x, level)
+                case For(symbol=symbol, extent=n, body=body):
+                    var = self.namer.symbol(symbol)
+                    self.line(f"for ({self.syntax.index_type} {var} = 0; {var} < {n}; ++{var}) {{")
+                    self._depth += 1
+                    self._extents[symbol] = n
+                    walk(body, level)
+                    del self._extents[symbol]
+                    self._depth -= 1
+                    self.line("}")
+                case SetLocal(value=Binary(b=LocalScope() as inner)):
+                    self.line("{")
+                    self._depth += 1
+                    declare(level + 1)
+                    walk(inner.body, level + 1)
+                    for r in range(rows):
+                        for v in range(nv):
+                            self.line(f"_vb{level}_{r}_{v} = _vb{level}_{r}_{v} + _vb{level + 1}_{r}_{v};")
+                    self._depth -= 1
+                    self.line("}")
+                case SetLocal(value=Binary(b=term)):
+                    self._vector_step(plan, term, lambda r, v: f"_vb{level}_{r}_{v}", cells, cell_env, lanes)
+
+        declare(level)
+        walk(block.body, level)
+        dtype = self.syntax.compute_type(block.local.dtype)
+        for r, q in cells:
+            self.line(f"{dtype} _b0_{r}_{q} = _vb0_{r}_{q // lanes}[{q % lanes}];")
+
+    def _tile_lanes(self, plan: ContractionPlan, nr: int, blocks: Stmt | None) -> int | None:
+        """The cells of a tile's row that one vector holds, when the tile runs in the target's
+        vector registers (a target with a :class:`GemmTarget`), else ``None``.
+
+        A compiler's own vectorizer misses many tiles (a stride between the columns of an
+        operand, a ``where`` around the term): the walk then writes the vectors itself. Each
+        step of a row is ``acc = acc + x * y`` on vectors: ``x`` a value of the row (read once,
+        broadcast), ``y`` a vector of the row's columns (one load where they are adjacent,
+        else built lane by lane), and, for a term ``where(c, x * y, k)`` whose test ``c`` reads
+        no column, ``acc + (c ? x * y : k)``. Every lane adds its cell's own terms, each
+        product and sum rounded once as the interpreter rounds them (``-ffp-contract=off``), in
+        the same order: the bits do not change. Float32 cells and terms, a sum, ``nr`` a
+        multiple of a vector of at least 4 lanes."""
+        if not self._vector_bytes or plan.cols is None or plan.op is not Binop.ADD:
+            return None
+        if plan.accumulator_dtype is not dtypes.float32 or plan.store.tnode.dtype is not dtypes.float32:
+            return None
+        lanes = self._vector_bytes // 4
+        while lanes > nr or nr % lanes:
+            lanes //= 2
+        if lanes < 4:
+            return None
+        terms = [plan.term] if blocks is None else leaf_terms(blocks)
+        row = plan.rows[0] if plan.rows is not None else None
+        if not terms or any(_vector_factors(t, row, plan.cols[0]) is None for t in terms):
+            return None
+        return lanes
+
+    def _vector_step(self, plan: ContractionPlan, term: Expr, acc: Callable[[int, int], str],
+                     cells: list[tuple[int, int]], cell_env: Callable, lanes: int) -> None:
+        """One step of a vector tile (:meth:`_tile_lanes`): each row's accumulators ``acc(r,
+        v)`` (vector ``v`` of the row) add the row's term."""
+        row = plan.rows[0] if plan.rows is not None else None
+        test, x, y, x_first, other = _vector_factors(term, row, plan.cols[0])
+        vector = f"ocannl_f32x{lanes}"
+        rows, nv = max(r for r, _ in cells) + 1, max(q for _, q in cells) // lanes + 1
+        for v in range(nv):
+            self.line(f"const {vector} _y{v} = {self._vector_load(y, plan.cols[0], v * lanes, lanes, cell_env)};")
+        for r in range(rows):
+            self._env = cell_env(r, 0)
+            factor = self.expr(x)
+            condition = None
+            if test is not None:
+                zero = self.syntax.literal(_zero(test.dtype), test.dtype)
+                condition = f"({self.expr(test)} != {zero})"
+            for v in range(nv):
+                value = f"{factor} * _y{v}" if x_first else f"_y{v} * {factor}"
+                if condition is not None:
+                    k = self.syntax.literal(other, dtypes.float32)
+                    value = f"({condition} ? {value} : ({vector}){{{', '.join([k] * lanes)}}})"
+                self.line(f"{acc(r, v)} = {acc(r, v)} + {value};")
+        self._env = {}
+
+    def _vector_load(self, y: Load, col: Symbol, q0: int, lanes: int, cell_env: Callable) -> str:
+        """The vector of ``y`` at the columns ``q0 ..< q0 + lanes`` of the tile: one load where
+        the columns are adjacent in memory and no bounds test depends on them, else the lanes
+        one by one."""
+        self._env = cell_env(0, q0)
+        strides = row_major_strides(y.tnode.dims)
+        col_stride = sum(stride * c for idx, stride in zip(y.indices, strides)
+                         for c, s in affine_form(idx)[0] if s is col)
+        tested_cols = any(col in index_symbols(idx) and not provably_within(idx, d, self._extents)
+                          for idx, d in zip(y.indices, y.tnode.dims))
+        vector = f"ocannl_f32x{lanes}"
+        if col_stride == 1 and not tested_cols:
+            load = f"*(const {vector}u *)&{self.access(y.tnode, y.indices, unchecked=y.oob_value is not None)}"
+            conditions = self.bounds_conditions(y.tnode, y.indices) if y.oob_value is not None else ""
+            if conditions:
+                outside = self.syntax.literal(y.oob_value, dtypes.float32)
+                load = f"(({conditions}) ? {load} : ({vector}){{{', '.join([outside] * lanes)}}})"
+            return load
+        values = []
+        for lane in range(lanes):
+            self._env = cell_env(0, q0 + lane)
+            values.append(self.expr(y))
+        return f"({vector}){{{', '.join(values)}}}"
+
+    def _declare_vector_type(self, lanes: int) -> None:
+        """Declares the vector types of ``lanes`` floats (:attr:`types`), once."""
+        if lanes not in self._vector_lanes:
+            self._vector_lanes.add(lanes)
+            self.types.append(self.gemm.vector_types(lanes))
 
     # -- expressions -----------------------------------------------------------------------------
 
@@ -1213,6 +1375,34 @@ class Emitter:
         if checked:
             offset = " + ".join(([] if offset == "0" else [offset]) + checked)
         return f"{self.nodes[node]}[{offset}]"
+
+
+def _vector_factors(
+    term: Expr, row: Symbol | None, col: Symbol
+) -> tuple[Expr | None, Load, Load, bool, float] | None:
+    """``(test, x, y, x_first, other)`` of a term ``x * y`` (``x_first``) or ``y * x``, or
+    ``where(test, that, other)`` for a constant ``other``, where ``x`` and ``test`` read no
+    column and ``y`` no row: float32 loads, a test free of locals. ``None`` otherwise."""
+    test, other = None, 0.0
+    if isinstance(term, Ternary) and term.op is Ternop.WHERE and isinstance(term.c, Const):
+        test, other, term = term.a, term.c.value, term.b
+        if any(isinstance(e, (LocalScope, GetLocal, LoadDynamic)) for e in iter_exprs(test)):
+            return None
+        if col in _symbols_read(test):
+            return None
+    if not (isinstance(term, Binary) and term.op is Binop.MUL and term.dtype is dtypes.float32):
+        return None
+    for x, y, x_first in ((term.a, term.b, True), (term.b, term.a, False)):
+        if not all(isinstance(f, Load) and f.tnode.dtype is dtypes.float32 for f in (x, y)):
+            return None
+        if col not in _symbols_read(x) and col in _symbols_read(y) and (row is None or row not in _symbols_read(y)):
+            return test, x, y, x_first, other
+    return None
+
+
+def _symbols_read(e: Expr) -> set[AnySymbol]:
+    return {s for x in iter_exprs(e) if isinstance(x, (Load, LoadDynamic)) for i in x.indices for s in index_symbols(i)} | {
+        s for x in iter_exprs(e) if isinstance(x, EmbedIndex) for s in index_symbols(x.index)}
 
 
 def _reads_memory(e: Expr) -> bool:

@@ -74,12 +74,16 @@ REDUCTION_BLOCK = 128
 outermost reduction loop)."""
 
 
-GEMM_TILES: dict[int, tuple[int, int]] = {64: (6, 32), 32: (6, 16), 16: (6, 8), 0: (4, 4)}
+GEMM_TILES: dict[int, tuple[int, int]] = {64: (12, 16), 32: (6, 16), 16: (6, 8), 0: (4, 4)}
 """The micro-kernel's ``mr x nr`` float32 cells by the width of the target's vector registers in
-bytes (0: scalar code). ``mr`` rows of two vectors each: 12 vector accumulators, two vectors of
-the packed B row and one broadcast A value fill the 16 registers of AVX2 or SSE, leaving the
-multiplies and adds (unfused: the interpreter rounds each) independent enough to keep both FP
-multiply and both FP add pipes of a core busy. Scalar code gets 16 accumulators."""
+bytes (0: scalar code), chosen so that the multiplies and adds (unfused: the interpreter rounds
+each) are independent enough to keep both FP multiply and both FP add pipes of a core busy.
+AVX2 and SSE: ``mr`` rows of two vectors, 12 accumulators, which with two vectors of the packed
+B row and one broadcast A value fill their 16 registers. AVX-512: 12 rows of one vector, 12
+accumulators of its 32 registers: on a core that runs 512-bit operations as two halves (Zen 4),
+two vectors a row (6 x 32) measured 63-65 GFLOP/s on the 1024 product and one (12 x 16) 83-89
+(numpy 100, with fused multiply-adds), for 192 cells either way. Scalar code gets 16
+accumulators."""
 
 GEMM_BLOCKING = (144, 256, 512)
 """``(mc, kc, nc)`` of the packed GEMM, for cores with a 32 KiB L1 data cache and at least 512
@@ -95,12 +99,24 @@ GEMM_MIN_WORK = 1 << 15
 """Multiply-adds from which a GEMM-class contraction is packed: below it, packing costs more than
 it saves and the register tiles of :class:`ContractionPlan` do the work."""
 
-GEMM_PARALLEL_MIN_WORK = 1 << 23
+GEMM_PARALLEL_MIN_WORK = 1 << 21
 """Multiply-adds from which a packed GEMM runs on threads. A packed GEMM does a multiply-add in
-about 10 ps on one core (100 G a second), far faster than the loops :data:`PARALLEL_MIN_WORK`
-is sized for, and its threads each pack their own panels: below this (about 80 us of work; an
-MLP step's 64 x 256 x 256 products measured faster on one thread) waking them and packing twice costs more than the
-other cores give."""
+10-25 ps on one core, far faster than the loops :data:`PARALLEL_MIN_WORK` is sized for, and
+each unit of work packs the panel of the operand it does not split: below this (25-50 µs of
+work) handing out the units costs more than the other cores give. The MLP step of
+``bench/cpu_steps.py`` (64 x 256 x 256 products, 2^22) took 463 µs on one thread and 363 µs on
+two with its three largest products on threads (the threads spinning briefly between regions,
+``ocannl/backends/c/compiler.py``; sleeping, two threads took 554 µs)."""
+
+GEMM_MIN_REUSE = 16
+"""Multiply-adds per packed value (``M N K / ((M + N) K)``, that is ``M N / (M + N)``) from which a
+contraction is packed: packing reads each operand value once through its general index (digits
+of flat indices, bounds tests of a padding) and writes it again, a few nanoseconds, which a
+product reusing each value only a dozen times does not earn back. The CNN step of
+``bench/cpu_steps.py``, whose second convolution's forward product (1024 positions by 16 channels:
+15) and kernel gradient (16 channels by 72 kernel cells: 13) were packed, ran in 400 µs, and in
+240 µs with both in vector tiles (``docs/codegen.md``); an MLP's products (64 x 256 x 256: 51)
+run faster packed."""
 
 GEMM_MIN_TILES = (2, 1)
 """Whole micro-kernel tiles a packed GEMM needs down its rows and across its columns: a product
@@ -284,7 +300,7 @@ def _plan_contraction(loop: For) -> ContractionPlan | None:
 
     cols = _choose_cols(parallel, idx, term)
     others = [p for p in parallel if cols is None or p[0] is not cols[0]]
-    rows = others[-1] if others else None
+    rows = _choose_rows(others, cols, [term])
     outer = tuple(p for p in others if rows is None or p[0] is not rows[0])
     itemsize = (scope.local.dtype if scope is not None else out.dtype.compute).itemsize
     nr = min(TILE_BYTES // itemsize, cols[1]) if cols else 1
@@ -324,7 +340,7 @@ def _plan_blocked_contraction(loop: For) -> ContractionPlan | None:
     store, term = found.store, found.term
     cols = _choose_cols(parallel, store.indices, term)
     others = [p for p in parallel if cols is None or p[0] is not cols[0]]
-    rows = others[-1] if others else None
+    rows = _choose_rows(others, cols, leaf_terms(found.blocks) if found.blocks is not None else [term])
     return ContractionPlan(
         nest=loop,
         parallel=tuple(parallel),
@@ -388,7 +404,8 @@ def plan_gemm(plan: ContractionPlan, vector_bytes: int) -> GemmPlan | None:
     outer = tuple(p for p in plan.parallel if p not in rows and p not in cols)
     n_k = math.prod(n for _, n in k)
     mr, nr = GEMM_TILES.get(vector_bytes, GEMM_TILES[0])
-    if math.prod(n for _, n in rows) < GEMM_MIN_TILES[0] * mr or math.prod(n for _, n in cols) < GEMM_MIN_TILES[1] * nr:
+    m, n = math.prod(n for _, n in rows), math.prod(n for _, n in cols)
+    if m < GEMM_MIN_TILES[0] * mr or n < GEMM_MIN_TILES[1] * nr or m * n < GEMM_MIN_REUSE * (m + n):
         return None
     mc, kc, nc = GEMM_BLOCKING  # whole tiles per block, whole summation blocks per panel
     unit = block or 1
@@ -539,6 +556,32 @@ def _key(term: Expr) -> object:
                 forms.append((frozenset((s, c) for s, c in merged.items() if c), offset))
             return (id(node), tuple(forms), oob)
     return term
+
+
+def _choose_rows(
+    others: list[tuple[Symbol, int]], cols: tuple[Symbol, int] | None, terms: list[Expr]
+) -> tuple[Symbol, int] | None:
+    """The row loop of the tiles, among the parallel loops but the columns: the innermost one
+    that no load reading the columns reads, so that each term is a value of the row times a
+    vector of the row's columns (a matmul's ``a[i, k] * b[k, j]``, a convolution's kernel
+    gradient ``g[b, oh, ow, co] * x[b, oh+kh, ow+kw, ci]``: the output channel, not ``kw``); else the
+    innermost one."""
+    if not others:
+        return None
+    if cols is not None:
+        col_reads = {s for t in terms for e in iter_exprs(t) if isinstance(e, Load)
+                     and any(cols[0] in index_symbols(i) for i in e.indices)
+                     for i in e.indices for s in index_symbols(i)}
+        free = [p for p in others if p[0] not in col_reads]
+        if free:
+            return free[-1]
+    return others[-1]
+
+
+def leaf_terms(blocks: Stmt) -> list[Expr]:
+    """The terms of the leaves of a reduction in blocks (``v := v op term``)."""
+    return [s.value.b for s in iter_stmts(blocks)
+            if isinstance(s, SetLocal) and isinstance(s.value, Binary) and not isinstance(s.value.b, LocalScope)]
 
 
 def _choose_cols(

@@ -24,7 +24,7 @@ import pytest
 import ocannl as oc
 from golden import check_golden
 from handbuilt import accum, matvec, padded_conv1d
-from ocannl import session, testing, train
+from ocannl import nn, session, testing, train
 from ocannl.backends import base
 from ocannl.backends.c import CBackend, CExecutable
 from ocannl.backends.c import compiler
@@ -540,6 +540,41 @@ def test_tiled_contractions_are_bit_identical(name, build):
     got = testing.run_program(program, "c")
     for node, value in expected.items():
         assert_same_bits(value, got[node], f"{name}: {node}")
+
+
+def _conv_chain_buffers(backend: str) -> tuple[dict[str, np.ndarray], str]:
+    """Two padded convolutions summed, one SGD-free gradient pass, with an infinity, a NaN and
+    negative zeros among the inputs and the second kernel: every kept buffer, and the source."""
+    session.reset()
+    oc.seed(0)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((4, 6, 6, 8)).astype(np.float32)
+    x[0, 1, 2, 3], x[1, 0, 0, 0], x[2, 3, 3, 1] = np.inf, -0.0, np.nan
+    conv1, conv2 = nn.conv2d(8, label="conv1"), nn.conv2d(16, label="conv2")
+    update = train.grad_update(conv2(conv1(oc.tensor(x, batch=1, label="x"))).sum(label="loss"))
+    ctx = oc.Context(backend)
+    routine = ctx.compile(update)
+    kernel = ctx.get(conv2.kernel.value)
+    kernel[3, 0, 0, 2], kernel[5, 1, 1, 0], kernel[7, 2, 2, 7], kernel[1, 0, 1, 2] = -np.inf, -0.0, np.nan, -0.0
+    ctx.set(conv2.kernel.value, kernel)
+    routine.run()
+    source = routine._executable.source.text if backend == "c" else ""
+    return {n.debug_name: ctx.get(n) for n in routine.ir.writes if n.memory_mode is None}, source
+
+
+@needs_cc
+def test_vector_tiles_keep_every_bit():
+    """Convolutions in vector tiles (a kernel read across its channels with a stride, an input
+    gradient whose terms sit in a ``where``): the interpreter's bits, infinities, NaNs and
+    negative zeros included, where a padding term would turn an infinite weight into a NaN if
+    it were computed rather than skipped."""
+    want, _ = _conv_chain_buffers("interp")
+    got, source = _conv_chain_buffers("c")
+    if compiler.toolchain().vector_bytes >= 32:
+        assert "_vb0_0_0 = _vb0_0_0 + (" in source and "? " in source
+    assert set(got) == set(want) and "conv2_kernel.grad" in got
+    for name, array in got.items():
+        assert_same_bits(want[name], array, name)
 
 
 @needs_cc

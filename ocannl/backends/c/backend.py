@@ -2,8 +2,9 @@
 (compiler.py), loaded with ctypes and called on the context's numpy arrays in place; the library
 is unloaded when the executable is garbage-collected (ocannl/backends/shared_library.py).
 
-OpenMP threads sleep between parallel loops (``OMP_WAIT_POLICY=PASSIVE`` unless the environment
-says otherwise): spinning threads would compete with numpy's and torch's own thread pools. As
+OpenMP threads spin briefly after a parallel loop, then sleep (``compiler.openmp_wait_settings``,
+unless the environment says otherwise): spinning longer would compete with numpy's and torch's
+own thread pools. As
 with any OpenMP program, a process that forks after running a kernel must not run kernels in the
 child (use the ``spawn`` start method of multiprocessing), or set ``OCANNL_C_OPENMP=0``.
 """
@@ -18,7 +19,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from ocannl.backends.base import at_step
-from ocannl.backends.c.compiler import compile_shared, toolchain
+from ocannl.backends.c.compiler import compile_shared, openmp_wait_settings, toolchain
 from ocannl.backends.c.emit import CSource, emit_c
 from ocannl.backends.native import buffer_address, raise_for_status
 from ocannl.backends.shared_library import SharedLibrary
@@ -55,7 +56,7 @@ class CExecutable:
         self.routine = routine
         self.source = source
         self.debug_files = {".c": source.text}
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read when libgomp loads
+        openmp_wait_settings()  # read when libgomp loads
         # The only reference to the library's code: unmapped when this executable is collected.
         # Called through its packed entries (emit.py): buffers and symbols as arrays, since a
         # ctypes call takes at most 1024 arguments.
