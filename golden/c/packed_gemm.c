@@ -126,14 +126,23 @@ static OCANNL_NEST_FN void packed_gemm_tile2(
           for (int64_t _jr = 0; _jr < _nc; _jr += 16) {
             float *_strip = _pb + _jr*_kc;
             const int64_t _start = _jc + _jr, _w = _nc - _jr < 16 ? _nc - _jr : 16;
-            for (int64_t _k = 0; _k < _kc; ++_k) {
-              for (int64_t _q = 0; _q < _w; ++_q) {
-                const int64_t _at = _start + _q, _kk = _pc + _k;
-                _strip[16*_k + _q] = b[40*_kk + _at];
+            if (_w == 16) {
+              for (int64_t _k = 0; _k < _kc; ++_k) {
+                for (int64_t _q = 0; _q < 16; ++_q) {
+                  const int64_t _at = _start + _q, _kk = _pc + _k;
+                  _strip[16*_k + _q] = b[40*_kk + _at];
+                }
               }
-            }
-            for (int64_t _k = 0; _k < _kc; ++_k) {
-              for (int64_t _q = _w; _q < 16; ++_q) _strip[16*_k + _q] = 0.0f;
+            } else {
+              for (int64_t _k = 0; _k < _kc; ++_k) {
+                for (int64_t _q = 0; _q < _w; ++_q) {
+                  const int64_t _at = _start + _q, _kk = _pc + _k;
+                  _strip[16*_k + _q] = b[40*_kk + _at];
+                }
+              }
+              for (int64_t _k = 0; _k < _kc; ++_k) {
+                for (int64_t _q = _w; _q < 16; ++_q) _strip[16*_k + _q] = 0.0f;
+              }
             }
           }
           for (int64_t _ic = _iu; _ic < _mend; _ic += 54) {
@@ -142,14 +151,23 @@ static OCANNL_NEST_FN void packed_gemm_tile2(
             for (int64_t _ir = 0; _ir < _mcc; _ir += 6) {
               float *_strip = _pa + _ir*_kc;
               const int64_t _start = _ic + _ir, _h = _mcc - _ir < 6 ? _mcc - _ir : 6;
-              for (int64_t _q = 0; _q < _h; ++_q) {
+              if (_h == 6) {
                 for (int64_t _k = 0; _k < _kc; ++_k) {
-                  const int64_t _at = _start + _q, _kk = _pc + _k;
-                  _strip[6*_k + _q] = a[200*_at + _kk];
+                  for (int64_t _q = 0; _q < 6; ++_q) {
+                    const int64_t _at = _start + _q, _kk = _pc + _k;
+                    _strip[6*_k + _q] = a[200*_at + _kk];
+                  }
                 }
-              }
-              for (int64_t _k = 0; _k < _kc; ++_k) {
-                for (int64_t _q = _h; _q < 6; ++_q) _strip[6*_k + _q] = 0.0f;
+              } else {
+                for (int64_t _k = 0; _k < _kc; ++_k) {
+                  for (int64_t _q = 0; _q < _h; ++_q) {
+                    const int64_t _at = _start + _q, _kk = _pc + _k;
+                    _strip[6*_k + _q] = a[200*_at + _kk];
+                  }
+                }
+                for (int64_t _k = 0; _k < _kc; ++_k) {
+                  for (int64_t _q = _h; _q < 6; ++_q) _strip[6*_k + _q] = 0.0f;
+                }
               }
             }
             /* the micro-kernel over the block's 6x16 tiles */

@@ -641,21 +641,37 @@ class Emitter:
             self._depth -= 1
             self.line("}")
 
-        def pack(buffer: str, factor: Load, width: int, span: str, along: tuple, k_unit: bool) -> None:
+        def pack(buffer: str, factor: Load, width: int, span: str, along: tuple) -> None:
             """``buffer[k*width + q] = factor`` at the flat index ``start + q`` of the loops
             ``along`` for ``q < span`` and the ``k`` of the panel, zero for ``span <= q <
-            width``: one packed strip."""
+            width``: one packed strip, written in order (``k`` outside, ``q`` inside: an operand
+            contiguous along ``k`` is read ``width`` rows at a time, each row's cache lines
+            staying in L1 for the next ``k``). A whole strip's inner loop has a constant trip
+            count, which the compiler unrolls or vectorizes."""
             self._env = {**_digits(along, "_at"), **_digits(g.k, "_kk")}
 
             def cell() -> None:
                 self.line(f"const {it} _at = _start + _q, _kk = _pc + _k;")
                 self.line(f"{buffer}[{width}*_k + _q] = {self.expr(factor)};")
 
-            loops = [f"for ({it} _k = 0; _k < _kc; ++_k)", f"for ({it} _q = 0; _q < {span}; ++_q)"]
-            outer, inner = (loops[1], loops[0]) if k_unit else loops
-            block(outer, lambda: block(inner, cell))
-            block(f"for ({it} _k = 0; _k < _kc; ++_k)",
-                  lambda: self.line(f"for ({it} _q = {span}; _q < {width}; ++_q) {buffer}[{width}*_k + _q] = {zero};"))
+            def strip(count: str) -> Callable[[], None]:
+                return lambda: block(f"for ({it} _k = 0; _k < _kc; ++_k)",
+                                     lambda: block(f"for ({it} _q = 0; _q < {count}; ++_q)", cell))
+
+            def edge() -> None:
+                strip(span)()
+                block(f"for ({it} _k = 0; _k < _kc; ++_k)",
+                      lambda: self.line(f"for ({it} _q = {span}; _q < {width}; ++_q) {buffer}[{width}*_k + _q] = {zero};"))
+
+            self.line(f"if ({span} == {width}) {{")
+            self._depth += 1
+            strip(str(width))()
+            self._depth -= 1
+            self.line("} else {")
+            self._depth += 1
+            edge()
+            self._depth -= 1
+            self.line("}")
             self._env = {}
 
         def tiles() -> None:
@@ -665,7 +681,7 @@ class Emitter:
             def pack_a() -> None:
                 self.line(f"{real} *_strip = _pa + _ir*_kc;")
                 self.line(f"const {it} _start = _ic + _ir, _h = {minimum('_mcc - _ir', str(mr))};")
-                pack("_strip", g.a, mr, "_h", g.rows, g.a_k_unit)
+                pack("_strip", g.a, mr, "_h", g.rows)
 
             block(f"for ({it} _ir = 0; _ir < _mcc; _ir += {mr})", pack_a)
             self.line(f"/* the micro-kernel over the block's {mr}x{nr} tiles */")
@@ -715,7 +731,7 @@ class Emitter:
             def pack_b() -> None:
                 self.line(f"{real} *_strip = _pb + _jr*_kc;")
                 self.line(f"const {it} _start = _jc + _jr, _w = {minimum('_nc - _jr', str(nr))};")
-                pack("_strip", g.b, nr, "_w", g.cols, g.b_k_unit)
+                pack("_strip", g.b, nr, "_w", g.cols)
 
             block(f"for ({it} _jr = 0; _jr < _nc; _jr += {nr})", pack_b)
             block(f"for ({it} _ic = _iu; _ic < _mend; _ic += {mc})", tiles)

@@ -156,8 +156,7 @@ class GemmPlan:
     ``block``: every ``block`` consecutive terms are summed from zero and the sum is added to the
     cell (``None``: the terms are added to the cell one by one). ``c_strides``: the strides of
     the result between flat rows and between flat columns, when both are linear (else every tile
-    goes through a buffer). ``a_k_unit``/``b_k_unit``: the operand is contiguous along the last
-    ``k`` loop (packing then reads along ``k``). ``mr x nr`` cells per micro-kernel, ``lanes``
+    goes through a buffer). ``mr x nr`` cells per micro-kernel, ``lanes``
     floats per vector (1: scalar), ``mc x kc x nc`` cache blocks. ``parallel``: worth threads
     (:data:`GEMM_PARALLEL_MIN_WORK`)."""
 
@@ -170,8 +169,6 @@ class GemmPlan:
     a_first: bool
     block: int | None
     c_strides: tuple[int, int] | None
-    a_k_unit: bool
-    b_k_unit: bool
     mr: int
     nr: int
     lanes: int
@@ -423,8 +420,6 @@ def plan_gemm(plan: ContractionPlan, vector_bytes: int) -> GemmPlan | None:
         a_first=a_first,
         block=block,
         c_strides=(row_stride, col_stride) if row_stride is not None and col_stride is not None else None,
-        a_k_unit=_stride(a, k[-1][0]) == 1,
-        b_k_unit=_stride(b, k[-1][0]) == 1,
         mr=mr,
         nr=nr,
         lanes=vector_bytes // 4 if vector_bytes in GEMM_TILES and vector_bytes else 1,
@@ -445,12 +440,6 @@ def _flat_stride(loops: Loops, coefficient: dict[AnySymbol, int]) -> int | None:
         if coefficient.get(s, 0) != expected:
             return None
     return stride
-
-
-def _stride(load: Load, symbol: AnySymbol) -> int:
-    """How far apart in ``load``'s buffer two consecutive values of ``symbol`` read."""
-    terms, _ = affine_form(row_major_offset(load.indices, load.tnode.dims))
-    return sum(c for c, s in terms if s is symbol)
 
 
 def _flat_terms(plan: ContractionPlan) -> tuple[Loops, Expr, int | None] | None:
