@@ -109,10 +109,13 @@ static OCANNL_NEST_FN void packed_gemm_tile2(
 #else
     const int64_t _nt = 1;
 #endif
-    /* two units of work per thread, so that a thread another process slows down
-       leaves its units to the others */
-    /* rows per unit of work: two units per thread and column block */
-    const int64_t _mu = _nt == 1 ? 50 : ((50 + 2*_nt - 1) / (2*_nt) + 5) / 6 * 6, _nb = 48;
+    /* two units of work per thread (a thread another process slows down leaves its units
+       to the others): _ru shares of the rows by _cu of the columns, packing the least */
+    int64_t _ru = 1;
+    for (int64_t _r = 2, _u = 2*_nt; _r <= _u; ++_r)
+      if (((_u + _r - 1) / _r) * 50 + _r * 40 < ((_u + _ru - 1) / _ru) * 50 + _ru * 40) _ru = _r;
+    const int64_t _cu = (2*_nt + _ru - 1) / _ru;
+    const int64_t _mu = _nt == 1 ? 50 : ((50 + _ru - 1) / _ru + 5) / 6 * 6, _nb = _nt == 1 || ((40 + _cu - 1) / _cu + 15) / 16 * 16 > 48 ? 48 : ((40 + _cu - 1) / _cu + 15) / 16 * 16;
     /* units of columns and rows, each packing its own panels; no thread waits for another */
     #pragma omp for schedule(dynamic) collapse(2)
     for (int64_t _jc = 0; _jc < 40; _jc += _nb) {

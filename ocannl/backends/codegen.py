@@ -764,18 +764,20 @@ class Emitter:
             if parallel:
                 for line in gemm.thread_count("_nt"):  # preprocessor lines start in the first column
                     self._out.lines.append(line if line.startswith("#") else "  " * self._depth + line)
-                # Cut along the longer side, so that the operand each unit packs whole (the
-                # other side's) is the smaller one.
-                self.line("/* two units of work per thread, so that a thread another process slows down")
-                self.line("   leaves its units to the others */")
-                if n >= m:
-                    self.line("/* columns per unit of work; every unit takes all the rows */")
-                    share = f"(({n} + 2*_nt - 1) / (2*_nt) + {nr - 1}) / {nr} * {nr}"  # whole strips
-                    self.line(f"const {it} _mu = {m}, _nb = _nt == 1 || {share} > {nc} ? {nc} : {share};")
-                else:
-                    self.line("/* rows per unit of work: two units per thread and column block */")
-                    share = f"(({m} + 2*_nt - 1) / (2*_nt) + {mr - 1}) / {mr} * {mr}"  # whole tiles
-                    self.line(f"const {it} _mu = _nt == 1 ? {m} : {share}, _nb = {nc};")
+                # The units: two per thread, ``_ru`` row shares by ``_cu`` column shares. A
+                # unit packs the rows of the left operand in its share and the columns of the
+                # right one in its, so the operands are packed ``_cu * m + _ru * n`` values per
+                # term in all: the split that packs least (all columns to a unit when the rows
+                # are few, as in a batch of 64 against 256 columns; halves of each for a square).
+                self.line("/* two units of work per thread (a thread another process slows down leaves its units")
+                self.line("   to the others): _ru shares of the rows by _cu of the columns, packing the least */")
+                self.line(f"{it} _ru = 1;")
+                self.line(f"for ({it} _r = 2, _u = 2*_nt; _r <= _u; ++_r)")
+                self.line(f"  if (((_u + _r - 1) / _r) * {m} + _r * {n} < ((_u + _ru - 1) / _ru) * {m} + _ru * {n}) _ru = _r;")
+                self.line(f"const {it} _cu = (2*_nt + _ru - 1) / _ru;")
+                rows = f"(({m} + _ru - 1) / _ru + {mr - 1}) / {mr} * {mr}"  # whole tiles
+                cols = f"(({n} + _cu - 1) / _cu + {nr - 1}) / {nr} * {nr}"  # whole strips
+                self.line(f"const {it} _mu = _nt == 1 ? {m} : {rows}, _nb = _nt == 1 || {cols} > {nc} ? {nc} : {cols};")
                 self.line(f"/* units of columns and rows, each packing its own panels; no thread waits for another */")
                 self.line(gemm.work_shared_for(len(loops)))
             else:
@@ -1044,14 +1046,7 @@ class Emitter:
                     for x in stmts:
                         walk(x)
                 case For(symbol=symbol, extent=n, body=body):
-                    var = self.namer.symbol(symbol)
-                    self.line(f"for ({self.syntax.index_type} {var} = 0; {var} < {n}; ++{var}) {{")
-                    self._depth += 1
-                    self._extents[symbol] = n
-                    walk(body)
-                    del self._extents[symbol]
-                    self._depth -= 1
-                    self.line("}")
+                    self._block_loop(symbol, n, lambda: walk(body))
                 case SetLocal(value=Binary(b=LocalScope() as inner)):
                     self.line("{")
                     self._depth += 1
@@ -1068,6 +1063,17 @@ class Emitter:
                     self._env = {}
 
         walk(block.body)
+
+    def _block_loop(self, symbol: Symbol, extent: int, body: Callable[[], None]) -> None:
+        """A loop of a block's sum around what ``body`` prints, its extent known inside."""
+        var = self.namer.symbol(symbol)
+        self.line(f"for ({self.syntax.index_type} {var} = 0; {var} < {extent}; ++{var}) {{")
+        self._depth += 1
+        self._extents[symbol] = extent
+        body()
+        del self._extents[symbol]
+        self._depth -= 1
+        self.line("}")
 
     def _tile_block_sum_vector(self, plan: ContractionPlan, block: LocalScope, cells: list[tuple[int, int]],
                                cell_env: Callable, lanes: int) -> None:
@@ -1089,14 +1095,7 @@ class Emitter:
                     for x in stmts:
                         walk(x, level)
                 case For(symbol=symbol, extent=n, body=body):
-                    var = self.namer.symbol(symbol)
-                    self.line(f"for ({self.syntax.index_type} {var} = 0; {var} < {n}; ++{var}) {{")
-                    self._depth += 1
-                    self._extents[symbol] = n
-                    walk(body, level)
-                    del self._extents[symbol]
-                    self._depth -= 1
-                    self.line("}")
+                    self._block_loop(symbol, n, lambda: walk(body, level))
                 case SetLocal(value=Binary(b=LocalScope() as inner)):
                     self.line("{")
                     self._depth += 1
