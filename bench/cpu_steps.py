@@ -5,9 +5,10 @@ figure of the table measured side by side in this run.
 
 Rows, in this order:
 
-* **fp32 GEMM 1024, 1 thread** and **N threads**: ``a @ b`` on c against numpy's (the measurement
-  of ``bench/gemm.py``, thread pools limited in-process), and its bit-for-bit check against the
-  interpreter at a ragged size;
+* **fp32 GEMM 1024, 1 thread** and **N threads**: ``a @ b`` on c against numpy's (the product of
+  ``bench/gemm.py``, thread pools limited in-process, timed in rounds as the steps are; numpy's
+  idle OpenBLAS threads sleep rather than spin through the other side's round,
+  ``bench/gemm.py``), and its bit-for-bit check against the interpreter at a ragged size;
 * **mlp**: the training step of a 64-256-256-10 relu MLP (``nn.mlp``), batch 64, softmax
   cross-entropy (``nn.cross_entropy``), SGD;
 * **cnn**: the training step of a padded 3x3 convolution to 8 channels, relu, 2x2 max pool, a
@@ -48,13 +49,14 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for bench/ and examples/
+# First: bench.gemm sets OpenBLAS's idle-thread timeout before numpy loads OpenBLAS.
+from bench.gemm import build_gemm, check_bits  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 import ocannl as oc  # noqa: E402
 import ocannl.session  # noqa: E402
 from bench import cc_time, moons as moons_bench  # noqa: E402
-from bench.gemm import check_bits, gemm  # noqa: E402
 from bench.interp_throughput import torch_loop  # noqa: E402
 from ocannl import nn, train  # noqa: E402
 
@@ -283,16 +285,26 @@ def check_losses(name: str, ours: Callable[[int], float], theirs: Callable[[int]
 # The rows
 
 
-def gemm_rows(n: int, n_threads: int, repeat: int) -> list[Row]:
-    gemm(64, 1)  # loads the C backend's OpenMP runtime, for the thread limits to reach it
+def gemm_rows(n: int, n_threads: int, repeat: int, round_seconds: float) -> list[Row]:
+    """The product on 1 and on ``n_threads`` threads, timed in alternating rounds as the steps
+    are (:func:`timed_rounds`); compiling it first loads the C backend's OpenMP runtime, for the
+    thread limits to reach it."""
+    _, run, a_np, b_np = build_gemm(n)
+
+    def ours_steps(k: int) -> float:
+        for _ in range(k):
+            run()
+        return 0.0
+
+    def numpy_steps(k: int) -> float:
+        for _ in range(k):
+            a_np @ b_np
+        return 0.0
+
     rows = []
     for t in sorted({1, n_threads}):
-        ours, theirs = [], []
         with threads(t):
-            for _ in range(max(1, repeat // 2)):
-                _, c_s, np_s = gemm(n, 3)
-                ours.append(c_s)
-                theirs.append(np_s)
+            ours, theirs = timed_rounds([ours_steps, numpy_steps], repeat, round_seconds)
         flops = 2.0 * n**3
         rows.append(Row(f"fp32 GEMM {n}, {t} thread{'s' * (t > 1)}", "numpy", ours, theirs,
                         f"{flops / min(ours) / 1e9:.0f} vs {flops / min(theirs) / 1e9:.0f} GFLOP/s"))
@@ -433,7 +445,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
         raise SystemExit(f"bench.cpu_steps compares with PyTorch: pip install 'ocannl[bench]' ({e})") from None
     print(f"machine: {machine()}; threads: {args.threads}; C backend: {oc.Context('c').backend.available()[1]}")
     round_seconds = 0.02 if args.quick else 0.2
-    rows = gemm_rows(128 if args.quick else 1024, args.threads, args.repeat)
+    rows = gemm_rows(128 if args.quick else 1024, args.threads, args.repeat, round_seconds)
     with threads(args.threads):
         rows += step_rows(torch, args.quick, args.repeat, round_seconds)
         rows += moons_rows(args.quick, args.repeat)

@@ -26,11 +26,20 @@ import argparse
 import os
 import sys
 import time
+from typing import Callable
 
 if "--threads" in sys.argv:  # thread pools read these when they start: before numpy loads BLAS
     _n = sys.argv[sys.argv.index("--threads") + 1]
     for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[_var] = _n
+
+QUIET_BLAS_THREADS = "4"
+"""``OPENBLAS_THREAD_TIMEOUT`` set before numpy loads OpenBLAS: its idle threads then sleep after
+2^4 cycles instead of spinning for 2^28 (about 0.1 s). Left spinning, numpy's threads took a core
+from the C backend's next round on a 2-core machine (its two-thread 1024 product measured 16.2-16.6
+ms after numpy's rounds, 13.3 ms with them asleep; numpy's own time did not change, 10.8-10.9 ms).
+The C backend's threads spin a tenth of a millisecond at most (ocannl/backends/c/compiler.py)."""
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", QUIET_BLAS_THREADS)
 
 import numpy as np
 
@@ -51,6 +60,13 @@ def best_time(fn, repeat: int) -> float:
 
 def gemm(n: int, repeat: int) -> tuple[float, float, float]:
     """(compile seconds, ocannl seconds, numpy seconds) for one n x n x n product."""
+    compile_s, run, a_np, b_np = build_gemm(n)
+    return compile_s, best_time(run, repeat), best_time(lambda: a_np @ b_np, repeat)
+
+
+def build_gemm(n: int) -> tuple[float, Callable[[], None], np.ndarray, np.ndarray]:
+    """(compile seconds, the compiled ``a @ b``'s run, ``a``, ``b``) for one n x n x n product,
+    its result checked against numpy's."""
     ocannl.session.reset()
     rng = np.random.default_rng(n)
     a_np = rng.standard_normal((n, n)).astype(np.float32)
@@ -64,7 +80,7 @@ def gemm(n: int, repeat: int) -> tuple[float, float, float]:
     routine.run()
     got = ctx.get(c.value)
     assert np.allclose(got, a_np @ b_np, rtol=1e-3, atol=1e-3 * n), "the C GEMM is wrong"
-    return compile_s, best_time(routine.run, repeat), best_time(lambda: a_np @ b_np, repeat)
+    return compile_s, routine.run, a_np, b_np
 
 
 BIT_CHECKS = ((1024, 1024, 1024, 0), (96, 99, 91, 0), (1, 1, 1, 0), (7, 300, 5, 0), (65, 129, 63, 0),
