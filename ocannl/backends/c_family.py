@@ -75,13 +75,14 @@ value where it holds and the value where it does not. With one NaN operand ``max
 return the other (a NaN ``a`` fails the comparison; a second test catches a NaN ``b``), as the
 math library's ``fmax``/``fmin`` do, but these also fix which zero ``max(-0.0, 0.0)`` gives.
 
-Each has two helpers. ``ocannl_max`` is a conditional expression: in a loop the C compiler's
-loop vectorizer turns it into a vector select, and in a serial chain (a maximum over a row) a
-predicted branch keeps the select's latency off the chain. ``ocannl_max_blend``, printed for
-wide register tiles (``Syntax.vector_tile``, ocannl/backends/codegen.py), is
-:meth:`CFamilySyntax.select`, the tests joined with ``|`` so both are evaluated: a tile's cells
-are straight-line code, where GCC keeps a conditional expression a branch per cell and
-vectorizes the select of bits."""
+Each has two helpers. ``ocannl_max`` is a conditional expression: in a serial chain (a maximum
+over a row) a predicted branch keeps the select's latency off the chain. ``ocannl_max_blend``,
+printed where no chain runs (``Syntax.vector_tile``, ocannl/backends/codegen.py: wide register
+tiles, nests storing one cell per iteration), is :meth:`CFamilySyntax.select`, the tests joined
+with ``|`` so both are evaluated: GCC keeps a conditional expression a branch per cell in a
+tile's straight-line code, and GCC 12 built for AVX2 left relu's gradient loop a branch per
+element too (the MLP step of bench/cpu_steps.py: 610-630 µs, 425-450 µs with the blend), where
+it vectorizes the select of bits."""
 
 _TAGS = {dtypes.float32: "f32", dtypes.float64: "f64", dtypes.int32: "i32", dtypes.int64: "i64", dtypes.uint32: "u32"}
 """The compute types a typed helper is written for, in print order, and the suffix that names a

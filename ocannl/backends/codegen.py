@@ -58,7 +58,7 @@ from ocannl.lowlevel.ir import (
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
 from ocannl.lowlevel.cpu_schedule import (
     PARALLEL_MIN_WORK, TILE_PARALLEL_MIN_WORK, ContractionPlan, GemmPlan, MicroKernel, in_store_order, leaf_terms,
-    parallel_safe, plan_contraction, work,
+    parallel_safe, plan_contraction, stores_a_cell_per_iteration, work,
 )
 from ocannl.lowlevel.tnode import TNode
 
@@ -84,10 +84,12 @@ class Syntax(abc.ABC):
     index_dtype = dtypes.int32
     """The type of loop indices and offsets, in the language and as a precision."""
     vector_tile = False
-    """Whether the walk is printing the cells of a register tile of at least
-    :data:`VECTOR_TILE_COLUMNS` columns (it sets this around such a contraction): straight-line
-    code the C compiler vectorizes across the columns, where a language may print selects its
-    own way. A narrower tile's cells are a few serial chains, better served by branches."""
+    """Whether the walk is printing code without a chain from one value to the next: the cells
+    of a register tile of at least :data:`VECTOR_TILE_COLUMNS` columns, or a nest storing one
+    cell per iteration (``cpu_schedule.stores_a_cell_per_iteration``); it sets this around
+    them. There a language may print selects its own way, without branches, which the C
+    compiler vectorizes. A narrower tile's cells are a few serial chains, better served by
+    branches."""
     restrict = "restrict"
 
     @abc.abstractmethod
@@ -470,6 +472,14 @@ class Emitter:
             reordered = in_store_order(loop)
             if reordered is not None:
                 loop = reordered
+            if stores_a_cell_per_iteration(loop) and not self.syntax.vector_tile:
+                # No chain runs from one iteration to the next: selects print without branches.
+                self.syntax.vector_tile = True
+                try:
+                    self.for_loop(loop)
+                finally:
+                    self.syntax.vector_tile = False
+                return
         pragma = None
         if self.parallel and not self._in_parallel and not self._in_scope and work(loop) >= PARALLEL_MIN_WORK:
             if parallel_safe(loop):

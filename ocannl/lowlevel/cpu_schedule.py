@@ -621,19 +621,40 @@ def parallel_safe(loop: For) -> bool:
 
 
 def in_store_order(loop: For) -> For | None:
-    """A perfect nest storing one cell per iteration, its loops reordered by their stride in
-    the stored node (the loop over consecutive cells innermost), so the innermost loop runs over
-    consecutive cells and the C compiler vectorizes it; ``None`` where the nest is not such a
-    store or is in that order already. The nest of a gradient keeps the order of its product
-    space: the max pool's gradient has its window loops innermost, over cells 8 or 16 apart.
-
-    The stored cell's offset must be a sum of the loop indices with positive strides, each loop
-    of a stride larger than the span of the loops below it (mixed radix), so every iteration
-    writes its own cell; the stored value may read the stored node only at that cell and reads
-    nothing by a dynamic position. Each iteration then computes the same value in any order:
+    """A perfect nest storing one cell per iteration (:func:`stores_a_cell_per_iteration`), its
+    loops reordered by their stride in the stored node (the loop over consecutive cells
+    innermost), so the innermost loop runs over consecutive cells and the C compiler vectorizes
+    it; ``None`` where the nest is not such a store or is in that order already. The nest of a
+    gradient keeps the order of its product space: the max pool's gradient has its window loops
+    innermost, over cells 8 or 16 apart. Each iteration computes the same value in any order:
     the bits do not change."""
+    found = _cell_per_iteration(loop)
+    if found is None:
+        return None
+    chain, body, order = found
+    if len(chain) < 2 or all(a is b for a, b in zip(order, chain)):
+        return None
+    nest: Stmt = body
+    for f in reversed(order):
+        nest = replace(f, body=nest)
+    return nest
+
+
+def stores_a_cell_per_iteration(loop: For) -> bool:
+    """Whether ``loop`` heads a perfect nest whose every iteration writes a cell of its own and
+    computes it from values no other iteration writes: the stored cell's offset is a sum of the
+    loop indices with positive strides, each loop of a stride larger than the span of the loops
+    below it (mixed radix); the stored value reads the stored node only at that cell, nothing by
+    a dynamic position, and no local scope. Such a nest has no chain from one iteration to the
+    next (unlike a maximum over a row)."""
+    return _cell_per_iteration(loop) is not None
+
+
+def _cell_per_iteration(loop: For) -> tuple[list[For], Store, list[For]] | None:
+    """``(loops, store, loops by decreasing stride)`` of a nest :func:`stores_a_cell_per_iteration`
+    accepts, else ``None``."""
     chain, body = loop_chain(loop)
-    if len(chain) < 2 or not isinstance(body, Store):
+    if not isinstance(body, Store):
         return None
     by_symbol = {f.symbol: f for f in chain}
     terms, _ = affine_form(row_major_offset(body.indices, body.tnode.dims))
@@ -648,14 +669,9 @@ def in_store_order(loop: For) -> For | None:
         if strides[f.symbol] <= span:
             return None
         span += strides[f.symbol] * (f.extent - 1)
-    if all(a is b for a, b in zip(order, chain)):
-        return None
     for e in iter_exprs(body.value):
         if isinstance(e, (LoadDynamic, LocalScope)):
             return None
         if isinstance(e, Load) and e.tnode is body.tnode and e.indices != body.indices:
             return None
-    nest: Stmt = body
-    for f in reversed(order):
-        nest = replace(f, body=nest)
-    return nest
+    return list(chain), body, order

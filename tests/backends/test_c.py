@@ -484,7 +484,7 @@ def test_debug_dir_gets_the_c_source(tmp_path):
     ctx.compile(y).run()
     assert np.array_equal(ctx.get(y.value), np.full((2, 3), 3, np.float32))
     (source,) = tmp_path.glob("*.c")
-    assert "ocannl_relu_f32" in source.read_text()
+    assert "ocannl_relu_" in source.read_text()
 
 
 # ---------------------------------------------------------------------------------------------
