@@ -169,6 +169,9 @@ class GemmTarget(Protocol):
     def vector_types(self, lanes: int) -> list[str]:
         """The vector types of ``lanes`` floats the micro-kernels use."""
 
+    def vector_type(self, lanes: int, aligned: bool = True) -> str:
+        """The name of one of them (``aligned=False``: the one read at any float address)."""
+
     def thread_count(self, name: str) -> list[str]:
         """Lines declaring ``name``, the number of threads of the enclosing block."""
 
@@ -941,12 +944,11 @@ class Emitter:
                 first = self._start(plan, fresh)
             self.line(f"{ctype} {acc(r, q)} = {first};")
         if lanes:
-            nv = max(q for _, q in cells) // lanes + 1
-            rows = max(r for r, _ in cells) + 1
+            rows, nv = _vector_shape(cells, lanes)
             for r in range(rows):
                 for v in range(nv):
                     firsts = ", ".join(acc(r, v * lanes + lane) for lane in range(lanes))
-                    self.line(f"ocannl_f32x{lanes} _vc{r}_{v} = {{{firsts}}};")
+                    self.line(f"{self.gemm.vector_type(lanes)} _vc{r}_{v} = {{{firsts}}};")
         depth_before = self._depth
         for n_loop, (s, n) in enumerate(plan.reductions):
             var = self.namer.symbol(s)
@@ -959,18 +961,20 @@ class Emitter:
             self._depth += 1
         if lanes:
             self._vector_step(plan, plan.term, lambda r, v: f"_vc{r}_{v}", cells, cell_env, lanes)
-        for r, q in ([] if lanes else cells):
-            self._env = cell_env(r, q)
-            term = self.expr(plan.term)
-            value = self.syntax.binary(plan.op, acc_dtype, acc(r, q), term)
-            if plan.scope is None and out.dtype.compute is not out.dtype:  # each step rounds, as a store
-                value = self.syntax.from_storage(out.dtype, self.syntax.to_storage(out.dtype, value))
-            self.line(f"{acc(r, q)} = {value};")
+        else:
+            for r, q in cells:
+                self._env = cell_env(r, q)
+                term = self.expr(plan.term)
+                value = self.syntax.binary(plan.op, acc_dtype, acc(r, q), term)
+                if plan.scope is None and out.dtype.compute is not out.dtype:  # each step rounds, as a store
+                    value = self.syntax.from_storage(out.dtype, self.syntax.to_storage(out.dtype, value))
+                self.line(f"{acc(r, q)} = {value};")
         while self._depth > depth_before:
             self._depth -= 1
             self.line("}")
-        for r, q in (cells if lanes else []):
-            self.line(f"{acc(r, q)} = _vc{r}_{q // lanes}[{q % lanes}];")
+        if lanes:
+            for r, q in cells:
+                self.line(f"{acc(r, q)} = _vc{r}_{q // lanes}[{q % lanes}];")
         for s, _ in plan.reductions:
             del self._extents[s]
         for r, q in cells:
@@ -1090,9 +1094,8 @@ class Emitter:
         """:meth:`_tile_block_sum` in vectors of ``lanes`` cells of a row (:meth:`_tile_lanes`):
         the same sums lane by lane, each block of blocks summed from zero and added as it is
         done; the block's sums are then the scalars ``_b0_<r>_<q>`` the caller adds to the cells."""
-        rows, nv = max(r for r, _ in cells) + 1, max(q for _, q in cells) // lanes + 1
-        vector = f"ocannl_f32x{lanes}"
-        level = 0
+        rows, nv = _vector_shape(cells, lanes)
+        vector = self.gemm.vector_type(lanes)
 
         def declare(level: int) -> None:
             for r in range(rows):
@@ -1119,8 +1122,8 @@ class Emitter:
                 case SetLocal(value=Binary(b=term)):
                     self._vector_step(plan, term, lambda r, v: f"_vb{level}_{r}_{v}", cells, cell_env, lanes)
 
-        declare(level)
-        walk(block.body, level)
+        declare(0)
+        walk(block.body, 0)
         dtype = self.syntax.compute_type(block.local.dtype)
         for r, q in cells:
             self.line(f"{dtype} _b0_{r}_{q} = _vb0_{r}_{q // lanes}[{q % lanes}];")
@@ -1159,8 +1162,8 @@ class Emitter:
         v)`` (vector ``v`` of the row) add the row's term."""
         row = plan.rows[0] if plan.rows is not None else None
         test, x, y, x_first, other = _vector_factors(term, row, plan.cols[0])
-        vector = f"ocannl_f32x{lanes}"
-        rows, nv = max(r for r, _ in cells) + 1, max(q for _, q in cells) // lanes + 1
+        vector = self.gemm.vector_type(lanes)
+        rows, nv = _vector_shape(cells, lanes)
         for v in range(nv):
             self.line(f"const {vector} _y{v} = {self._vector_load(y, plan.cols[0], v * lanes, lanes, cell_env)};")
         for r in range(rows):
@@ -1188,9 +1191,10 @@ class Emitter:
                          for c, s in affine_form(idx)[0] if s is col)
         tested_cols = any(col in index_symbols(idx) and not provably_within(idx, d, self._extents)
                           for idx, d in zip(y.indices, y.tnode.dims))
-        vector = f"ocannl_f32x{lanes}"
+        vector = self.gemm.vector_type(lanes)
         if col_stride == 1 and not tested_cols:
-            load = f"*(const {vector}u *)&{self.access(y.tnode, y.indices, unchecked=y.oob_value is not None)}"
+            address = self.access(y.tnode, y.indices, unchecked=y.oob_value is not None)
+            load = f"*(const {self.gemm.vector_type(lanes, aligned=False)} *)&{address}"
             conditions = self.bounds_conditions(y.tnode, y.indices) if y.oob_value is not None else ""
             if conditions:
                 outside = self.syntax.literal(y.oob_value, dtypes.float32)
@@ -1400,6 +1404,11 @@ class Emitter:
         if checked:
             offset = " + ".join(([] if offset == "0" else [offset]) + checked)
         return f"{self.nodes[node]}[{offset}]"
+
+
+def _vector_shape(cells: list[tuple[int, int]], lanes: int) -> tuple[int, int]:
+    """The rows of a tile's ``cells`` and the vectors of ``lanes`` cells in each row."""
+    return max(r for r, _ in cells) + 1, max(q for _, q in cells) // lanes + 1
 
 
 def _vector_factors(

@@ -39,6 +39,12 @@ def kernel_name(shape: MicroKernel) -> str:
     return f"ocannl_gemm_{shape.mr}x{shape.nr}_{vector}_{order}_{'ab' if shape.a_first else 'ba'}"
 
 
+def vector_type(lanes: int, aligned: bool = True) -> str:
+    """The name of the vector type of ``lanes`` floats (:func:`vector_types`); ``aligned=False``:
+    the one that reads and writes at any float address."""
+    return f"ocannl_f32x{lanes}" + ("" if aligned else "u")
+
+
 def vector_types(lanes: int) -> list[str]:
     """The typedefs a kernel of ``lanes`` floats per vector uses: one aligned (the packed strips
     are aligned to 64 bytes), one of float alignment for the cells of the result."""
@@ -47,8 +53,8 @@ def vector_types(lanes: int) -> list[str]:
     size = 4 * lanes
     return [
         f"/* {lanes} floats in one vector register; the second type reads and writes them at any float address. */",
-        f"typedef float ocannl_f32x{lanes} __attribute__((vector_size({size})));",
-        f"typedef float ocannl_f32x{lanes}u __attribute__((vector_size({size}), aligned(4)));",
+        f"typedef float {vector_type(lanes)} __attribute__((vector_size({size})));",
+        f"typedef float {vector_type(lanes, aligned=False)} __attribute__((vector_size({size}), aligned(4)));",
     ]
 
 
@@ -128,6 +134,7 @@ class CGemm:
 
     kernel = staticmethod(kernel)
     kernel_name = staticmethod(kernel_name)
+    vector_type = staticmethod(vector_type)
     vector_types = staticmethod(vector_types)
 
     @staticmethod
