@@ -57,8 +57,8 @@ from ocannl.lowlevel.ir import (
 )
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
 from ocannl.lowlevel.cpu_schedule import (
-    PARALLEL_MIN_WORK, TILE_PARALLEL_MIN_WORK, ContractionPlan, GemmPlan, MicroKernel, in_store_order, leaf_terms,
-    parallel_safe, plan_contraction, stores_a_cell_per_iteration, work,
+    PARALLEL_MIN_WORK, TILE_PARALLEL_MIN_WORK, ContractionPlan, GemmPlan, MicroKernel, leaf_terms, parallel_safe,
+    plan_contraction, store_ordered_nest, work,
 )
 from ocannl.lowlevel.tnode import TNode
 
@@ -86,7 +86,7 @@ class Syntax(abc.ABC):
     vector_tile = False
     """Whether the walk is printing code without a chain from one value to the next: the cells
     of a register tile of at least :data:`VECTOR_TILE_COLUMNS` columns, or a nest storing one
-    cell per iteration (``cpu_schedule.stores_a_cell_per_iteration``); it sets this around
+    cell per iteration (``cpu_schedule.store_ordered_nest``); it sets this around
     them. There a language may print selects its own way, without branches, which the C
     compiler vectorizes. A narrower tile's cells are a few serial chains, better served by
     branches."""
@@ -472,17 +472,19 @@ class Emitter:
                 finally:
                     self.syntax.vector_tile = wide
                 return
-            reordered = in_store_order(loop)
-            if reordered is not None:
-                loop = reordered
-            if stores_a_cell_per_iteration(loop) and not self.syntax.vector_tile:
+            ordered = store_ordered_nest(loop)
+            if ordered is not None:
                 # No chain runs from one iteration to the next: selects print without branches.
-                self.syntax.vector_tile = True
+                wide, self.syntax.vector_tile = self.syntax.vector_tile, True
                 try:
-                    self.for_loop(loop)
+                    self._loop(ordered)
                 finally:
-                    self.syntax.vector_tile = False
+                    self.syntax.vector_tile = wide
                 return
+        self._loop(loop)
+
+    def _loop(self, loop: For) -> None:
+        """Prints ``loop`` as it is, with the parallel pragma where its work is worth threads."""
         pragma = None
         if self.parallel and not self._in_parallel and not self._in_scope and work(loop) >= PARALLEL_MIN_WORK:
             if parallel_safe(loop):
@@ -667,22 +669,19 @@ class Emitter:
                 self.line(f"const {it} _at = _start + _q, _kk = _pc + _k;")
                 self.line(f"{buffer}[{width}*_k + _q] = {self.expr(factor)};")
 
-            def strip(count: str) -> Callable[[], None]:
-                return lambda: block(f"for ({it} _k = 0; _k < _kc; ++_k)",
-                                     lambda: block(f"for ({it} _q = 0; _q < {count}; ++_q)", cell))
-
-            def edge() -> None:
-                strip(span)()
+            def strip(count: str) -> None:
                 block(f"for ({it} _k = 0; _k < _kc; ++_k)",
-                      lambda: self.line(f"for ({it} _q = {span}; _q < {width}; ++_q) {buffer}[{width}*_k + _q] = {zero};"))
+                      lambda: block(f"for ({it} _q = 0; _q < {count}; ++_q)", cell))
 
             self.line(f"if ({span} == {width}) {{")
             self._depth += 1
-            strip(str(width))()
+            strip(str(width))
             self._depth -= 1
             self.line("} else {")
             self._depth += 1
-            edge()
+            strip(span)
+            block(f"for ({it} _k = 0; _k < _kc; ++_k)",
+                  lambda: self.line(f"for ({it} _q = {span}; _q < {width}; ++_q) {buffer}[{width}*_k + _q] = {zero};"))
             self._depth -= 1
             self.line("}")
             self._env = {}

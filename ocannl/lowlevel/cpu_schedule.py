@@ -621,38 +621,25 @@ def parallel_safe(loop: For) -> bool:
 
 
 def in_store_order(loop: For) -> For | None:
-    """A perfect nest storing one cell per iteration (:func:`stores_a_cell_per_iteration`), its
-    loops reordered by their stride in the stored node (the loop over consecutive cells
-    innermost), so the innermost loop runs over consecutive cells and the C compiler vectorizes
-    it; ``None`` where the nest is not such a store or is in that order already. The nest of a
-    gradient keeps the order of its product space: the max pool's gradient has its window loops
-    innermost, over cells 8 or 16 apart. Each iteration computes the same value in any order:
-    the bits do not change."""
-    found = _cell_per_iteration(loop)
-    if found is None:
-        return None
-    chain, body, order = found
-    if len(chain) < 2 or all(a is b for a, b in zip(order, chain)):
-        return None
-    nest: Stmt = body
-    for f in reversed(order):
-        nest = replace(f, body=nest)
-    return nest
+    """:func:`store_ordered_nest` where it reorders ``loop``; ``None`` where the nest is not such
+    a store or is in that order already."""
+    nest = store_ordered_nest(loop)
+    return None if nest is loop else nest
 
 
-def stores_a_cell_per_iteration(loop: For) -> bool:
-    """Whether ``loop`` heads a perfect nest whose every iteration writes a cell of its own and
-    computes it from values no other iteration writes: the stored cell's offset is a sum of the
-    loop indices with positive strides, each loop of a stride larger than the span of the loops
-    below it (mixed radix); the stored value reads the stored node only at that cell, nothing by
-    a dynamic position, and no local scope. Such a nest has no chain from one iteration to the
-    next (unlike a maximum over a row)."""
-    return _cell_per_iteration(loop) is not None
+def store_ordered_nest(loop: For) -> For | None:
+    """The perfect nest headed by ``loop`` when every iteration writes a cell of its own and
+    computes it from values no other iteration writes (no chain from one iteration to the next,
+    unlike a maximum over a row), its loops ordered by their stride in the stored node (the loop
+    over consecutive cells innermost, so the C compiler vectorizes it; ``loop`` itself where
+    they are in that order already), else ``None``. The nest of a gradient keeps the order of
+    its product space: the max pool's gradient has its window loops innermost, over cells 8 or
+    16 apart. Each iteration computes the same value in any order: the bits do not change.
 
-
-def _cell_per_iteration(loop: For) -> tuple[list[For], Store, list[For]] | None:
-    """``(loops, store, loops by decreasing stride)`` of a nest :func:`stores_a_cell_per_iteration`
-    accepts, else ``None``."""
+    The stored cell's offset must be a sum of the loop indices with positive strides, each loop
+    of a stride larger than the span of the loops below it (mixed radix); the stored value may
+    read the stored node only at that cell, and nothing by a dynamic position or in a local
+    scope."""
     chain, body = loop_chain(loop)
     if not isinstance(body, Store):
         return None
@@ -674,4 +661,9 @@ def _cell_per_iteration(loop: For) -> tuple[list[For], Store, list[For]] | None:
             return None
         if isinstance(e, Load) and e.tnode is body.tnode and e.indices != body.indices:
             return None
-    return list(chain), body, order
+    if all(a is b for a, b in zip(order, chain)):
+        return loop
+    nest: Stmt = body
+    for f in reversed(order):
+        nest = replace(f, body=nest)
+    return nest
