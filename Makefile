@@ -6,6 +6,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev-triton
 # The demo's pictures (loss curve, decision boundary, progress bar) come from the plot extra.
 DEMO_STAMP := $(VENV)/.installed-plot
+# The benchmarks' peers (PyTorch, JAX) come from the peers extra.
+BENCH_STAMP := $(VENV)/.installed-peers
 
 # The triton extra (triton, torch) is part of the test install, and so is the examples extra
 # (scikit-learn, whose bundled digits the digits example's tests train on). Without a GPU, torch
@@ -40,6 +42,14 @@ $(DEMO_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e '.[plot]'
 	touch $(DEMO_STAMP)
 
+$(BENCH_STAMP): $(STAMP)
+ifeq ($(GPU),yes)
+	$(PY) -m pip install --quiet -e '.[peers]'
+else
+	$(PY) -m pip install --quiet -e '.[peers]' -c constraints-cpu.txt
+endif
+	touch $(BENCH_STAMP)
+
 demo: $(DEMO_STAMP)
 	$(PY) -m examples.moons
 
@@ -49,7 +59,7 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(PY) -m pytest -m ''
 
-bench: $(STAMP)
+bench: $(BENCH_STAMP)
 	$(PY) bench/shape_scaling.py
 	$(PY) -m bench.gemm
 	$(PY) -m bench.cpu_steps

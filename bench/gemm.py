@@ -45,7 +45,7 @@ import numpy as np
 
 import ocannl as oc
 import ocannl.session
-from ocannl.backends.base import Context
+from ocannl.backends.context import Context
 
 
 def best_time(fn, repeat: int) -> float:

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for examples/
 
 import ocannl as oc  # noqa: E402
 from ocannl import nn, train  # noqa: E402
-from ocannl.backends.base import Context  # noqa: E402
+from ocannl.backends.context import Context  # noqa: E402
 from ocannl.lowlevel.assignments import Accum, Computation  # noqa: E402
 from ocannl.lowlevel.indexing import Iter, Projections, Symbol  # noqa: E402
 from ocannl.lowlevel.scalar_ops import Binop  # noqa: E402

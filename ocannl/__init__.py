@@ -4,7 +4,7 @@ The public API (docs/design.md, "Public API") is re-exported here: ``import ocan
 """
 
 from ocannl import cd, errors, init
-from ocannl.backends.base import Context
+from ocannl.backends.context import Context
 from ocannl.checkpoint import load, save
 from ocannl.explain import explain_shapes
 from ocannl.init import seed

@@ -11,26 +11,23 @@ import argparse
 import sys
 
 from ocannl import config
-from ocannl.backends import base
+from ocannl.backends import registry
 from ocannl.lowlevel.scalar_ops import LIBM_MAX_ULPS, LIBM_OPS
 
 
 def doctor() -> int:
     """Prints the report; the exit status is 0 when some backend works (interp always does)."""
     print("ocannl backends (most preferred first):")
-    for name in base.registered_backends():
-        try:
-            ok, reason = base._registry[name].factory().available()
-        except Exception as e:  # a backend whose probe itself fails is reported, not fatal
-            ok, reason = False, f"its availability check failed: {type(e).__name__}: {e}"
+    for name in registry.registered_backends():
+        ok, reason = registry.availability(name)
         print(f"  {name:<8} {'available' if ok else 'unavailable'}: {reason}")
     configured = config.get("backend")
     if configured:
         print(f"OCANNL_BACKEND={configured}: Context.auto() uses {configured}")
     else:
         # best_available() skips emulated backends (Triton's CPU interpreter, the Metal shim).
-        print(f"Context.auto() picks: {base.best_available()} (set OCANNL_BACKEND to choose another)")
-    if "c" in base.registered_backends():
+        print(f"Context.auto() picks: {registry.best_available()} (set OCANNL_BACKEND to choose another)")
+    if "c" in registry.registered_backends():
         from ocannl.backends import cache
         from ocannl.backends.c.compiler import fast_mode, isa_setting
 

@@ -4,6 +4,12 @@ The ``ocannl_config`` file in the working directory holds ``key=value`` lines; `
 comment, keys are case-insensitive and may carry the ``ocannl_`` prefix, and an empty value means
 "not set" (as an empty environment variable does). Settings are read when used, so a test may
 change the environment between uses.
+
+Every setting is named in :data:`SETTINGS`; a key the file sets that is not there (``cc=``,
+``cflags=``, a typo) is an error naming the key and the file, not a silent no-op. The file lives
+in the working directory, which may be a cloned repository or a shared folder, so it may only
+choose how ocannl computes, never what it runs or where it reads code and writes files: the
+settings of :data:`ENVIRONMENT_ONLY` are refused there (README, "Kernel cache and trust").
 """
 
 from __future__ import annotations
@@ -16,16 +22,46 @@ from ocannl.lowlevel import dtypes
 
 CONFIG_FILE = "ocannl_config"
 
-ENVIRONMENT_ONLY = frozenset({"metal_cxx"})
-"""Settings that name a program ocannl runs. A file in the working directory cannot set them: a
-directory someone else prepared (a cloned repository, a shared folder) must not choose what runs
-on your account. They come from the environment or an argument only (the C compiler comes from
-``CC``, likewise)."""
+SETTINGS = {
+    "backend": "the backend a Context uses (ocannl/backends/base.py)",
+    "debug_dir": "where compiling writes each routine's IR and code (ocannl/backends/base.py)",
+    "cache_dir": "the kernel cache's root (ocannl/backends/cache.py)",
+    "fast_math": "fused multiply-adds everywhere (ocannl/lowlevel/optimize.py)",
+    "param_precision": "the precision of new parameters (config.param_precision)",
+    "interp_mode": "the interpreter's mode (ocannl/backends/interp/interpreter.py)",
+    "c_fast": "contracting multiply-adds in C (ocannl/backends/c/compiler.py)",
+    "c_isa": "the target of the C kernels (ocannl/backends/c/compiler.py)",
+    "c_openmp": "OpenMP in the C kernels (ocannl/backends/c/compiler.py)",
+    "metal_cxx": "the C++ compiler of the Metal shim (ocannl/backends/metal/harness.py)",
+    "metal_sanitize": "the Metal shim's sanitizer build (ocannl/backends/metal/harness.py)",
+    "metal_threads": "threads per Metal threadgroup (ocannl/backends/metal/backend.py)",
+    "metal_tree_min": "the smallest Metal reduction summed as a tree (ocannl/backends/metal/backend.py)",
+    "triton_fp32_dot": "the precision of Triton float32 products (ocannl/backends/triton/__init__.py)",
+    "triton_autotune": "measured Triton contraction tiles (ocannl/backends/triton/autotune.py)",
+    "triton_cuda_graphs": "CUDA graphs for Triton's run_many (ocannl/backends/triton/runtime.py)",
+    "profile": "time every routine's loop nests, print them at exit (ocannl/backends/profile.py)",
+}
+"""Every setting ocannl reads, by name (lower case, without ``OCANNL_``), and what it sets. A
+setting read anywhere is named here: :func:`get` refuses other names, and the config file other
+keys."""
+
+ENVIRONMENT_ONLY = {
+    "metal_cxx": "names a program to run",
+    "cache_dir": "chooses where the compiled code ocannl loads and runs is kept",
+    "debug_dir": "chooses where ocannl writes files",
+}
+"""The settings a file in the working directory cannot set, and why: a directory someone else
+prepared (a cloned repository, a shared folder) must not choose what runs on your account, where
+the code it loads comes from, or where files are written. They come from the environment or an
+argument only (the C compiler comes from ``CC``, likewise)."""
 
 
 def get(name: str, argument: str | None = None, default: str | None = None) -> str | None:
     """The value of setting ``name`` (lower case, e.g. ``"backend"``) from the first source that
-    sets it: ``argument`` (when not ``None``), the environment, the config file, ``default``."""
+    sets it: ``argument`` (when not ``None``), the environment, the config file, ``default``.
+    ``name`` must be one of :data:`SETTINGS`."""
+    if name not in SETTINGS:
+        raise ValueError(f"{name!r} is not an ocannl setting: add it to ocannl.config.SETTINGS")
     if argument is not None:
         return argument
     env = os.environ.get(f"OCANNL_{name.upper()}")
@@ -72,8 +108,14 @@ def read_config_file(path: Path | None = None) -> dict[str, str]:
             raise OcannlError(f"{path}:{lineno}: {key} is set twice")
         if key in ENVIRONMENT_ONLY:
             raise OcannlError(
-                f"{path}:{lineno}: {key} names a program to run, which a settings file may not choose; "
-                f"set OCANNL_{key.upper()} in the environment instead"
+                f"{path}:{lineno}: {key} {ENVIRONMENT_ONLY[key]}, which a settings file may not choose; "
+                f"set OCANNL_{key.upper()} in the environment instead, and remove it from the file"
+            )
+        if key not in SETTINGS:
+            allowed = ", ".join(sorted(SETTINGS.keys() - ENVIRONMENT_ONLY.keys()))
+            raise OcannlError(
+                f"{path}:{lineno}: {key} is not an ocannl setting; the file may set {allowed} (compilers and "
+                f"paths come from the environment: CC, OCANNL_METAL_CXX, OCANNL_CACHE_DIR, OCANNL_DEBUG_DIR)"
             )
         settings[key] = value.strip()
     return settings

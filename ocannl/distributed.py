@@ -1,7 +1,7 @@
 """Data-parallel training: replicas of one model on several contexts and processes, their
 gradients averaged before every update (docs/distributed.md).
 
-Every replica is a :class:`~ocannl.backends.base.Context` holding its own buffers for the same
+Every replica is a :class:`~ocannl.backends.context.Context` holding its own buffers for the same
 tensor graph; it is given its own slice of each global batch (:func:`shard`). A training step of
 :class:`DataParallel` is three phases:
 
@@ -24,17 +24,21 @@ or a process group already set up): one process with several contexts needs only
 from __future__ import annotations
 
 import hashlib
+import multiprocessing.connection
 import os
+import pickle
+import signal
 import sys
 import tempfile
 import time
 import traceback
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ocannl.backends.base import Context, default_context
+from ocannl.backends.context import Context, default_context
 from ocannl.errors import IndexBindingError, OcannlError, ShapeError
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.assignments import Accum, Block, Computation
@@ -45,6 +49,10 @@ from ocannl.shape.projections import identity_projections
 DEFAULT_TIMEOUT_S = 300.0
 """How long a collective (and :func:`launch`'s wait for its workers) may take before it fails
 instead of hanging on a replica that died or never came."""
+
+_REAP_TIMEOUT_S = 5.0
+"""How long :func:`launch` waits for a killed worker to be gone (SIGKILL ends even a stopped
+process at once; only one blocked in the kernel, in uninterruptible I/O, outlives it)."""
 
 _REDUCED_IN_PLACE = (dtypes.float32, dtypes.float64)
 """Gradient precisions all-reduced in the context's own buffer. float16 and bfloat16 gradients are
@@ -116,73 +124,97 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, backend: str | None =
     """Run ``fn(*args)`` in ``nproc`` fresh worker processes joined in one process group (a
     rendezvous file in a private temporary folder: no port to pick), and return their results in
     rank order. ``fn`` must be importable by the workers (a module-level function). A worker that
-    raises makes this raise an :class:`OcannlError` holding its traceback (the first worker to
-    fail: the others typically fail because of it); workers still running after ``timeout``
-    seconds are terminated and reported, never waited on forever."""
+    fails makes this kill the others and raise an :class:`OcannlError` holding the traceback of
+    the first worker that reported one (the others typically fail because of it). When
+    ``timeout`` seconds pass first, every worker is killed and the error names those that had not
+    finished: a worker waiting on a collective, or stopped (SIGSTOP, a debugger), is never waited
+    on past the timeout."""
     if not isinstance(nproc, int) or nproc < 1:
         raise OcannlError(f"launch: nproc must be a positive int, got {nproc!r}")
     _require_torch()
     import torch.multiprocessing as torch_mp
 
-    returned: dict[int, Any] = {}
-    failures: list[tuple[int, str]] = []
-
-    def collect() -> None:
-        while not messages.empty():
-            rank, failed, payload = messages.get()
-            if failed:
-                failures.append((rank, payload))
-            else:
-                returned[rank] = payload
-
-    with tempfile.TemporaryDirectory(prefix="ocannl-rendezvous-") as folder:
-        init_method = "file://" + os.path.join(folder, "store")
-        messages = torch_mp.get_context("spawn").SimpleQueue()
-        workers = torch_mp.start_processes(
-            _worker, args=(fn, nproc, init_method, backend, timeout, args, messages), nprocs=nproc,
-            join=False, start_method="spawn")
+    with tempfile.TemporaryDirectory(prefix="ocannl-launch-") as folder:
         deadline = time.monotonic() + timeout
+        workers = torch_mp.start_processes(
+            _worker, args=(fn, nproc, folder, backend, timeout, args), nprocs=nproc, join=False,
+            start_method="spawn").processes
         try:
-            while True:
-                collect()
-                try:
-                    if workers.join(timeout=0.05):
-                        break
-                except Exception as e:  # torch's report of a worker that raised or died
-                    collect()
-                    detail = (f"worker {failures[0][0]} raised:\n{failures[0][1]}" if failures
-                              else str(e).strip())
-                    raise OcannlError(f"a data-parallel worker of {_name(fn)} failed; {detail}") from None
-                if time.monotonic() > deadline:
-                    raise OcannlError(f"the {nproc} workers of {_name(fn)} did not finish within {timeout:g} s "
-                                      f"(a replica waiting on a collective that another never reached?): "
-                                      f"terminated")
+            _await_workers(workers, deadline, fn, timeout, folder)
         finally:
-            for process in workers.processes:
-                if process.is_alive():
-                    process.terminate()
-                    process.join()
-        collect()
-    return [returned.get(rank) for rank in range(nproc)]
+            _kill(workers)
+        results = [_report_file(folder, rank, "result") for rank in range(nproc)]
+        return [pickle.loads(path.read_bytes()) if path.exists() else None for path in results]
 
 
-def _worker(rank: int, fn: Callable[..., Any], nproc: int, init_method: str, backend: str | None,
-            timeout: float, args: tuple, messages: Any) -> None:
-    """One process of :func:`launch`: join the group, run ``fn``, report its result (or its
-    traceback, before torch's own report of the failure), leave."""
+def _await_workers(workers: list[Any], deadline: float, fn: Callable[..., Any], timeout: float,
+                   folder: str) -> None:
+    """Return once every worker has exited cleanly; raise an :class:`OcannlError` as soon as one
+    exits otherwise, or when ``deadline`` (a ``time.monotonic()`` value) passes."""
+    running = {worker.sentinel: rank for rank, worker in enumerate(workers)}
+    while running:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            late = ", ".join(f"worker {rank} (pid {workers[rank].pid})" for rank in sorted(running.values()))
+            raise OcannlError(f"launch: {late} of {_name(fn)} did not finish within {timeout:g} s (stopped, or "
+                              f"waiting on a collective that another worker never reached?): all "
+                              f"{len(workers)} workers were killed; pass a longer timeout= if the work needs it")
+        for sentinel in multiprocessing.connection.wait(list(running), timeout=left):
+            rank = running.pop(sentinel)
+            workers[rank].join()  # it has exited: this only reaps it
+            if workers[rank].exitcode != 0:
+                raise OcannlError(f"a data-parallel worker of {_name(fn)} failed; "
+                                  f"{_first_failure(folder, rank, workers[rank].exitcode)}")
+
+
+def _first_failure(folder: str, rank: int, exitcode: int) -> str:
+    """The traceback reported first by any worker, else how worker ``rank`` ended."""
+    reported = sorted(Path(folder).glob(_report_file(folder, "*", "error").name),
+                      key=lambda path: path.stat().st_mtime_ns)
+    if reported:
+        first = reported[0]
+        return f"worker {first.name.split('.')[1]} raised:\n{first.read_text(errors='replace')}"
+    if exitcode < 0:
+        return f"worker {rank} was killed by signal {-exitcode} ({signal.strsignal(-exitcode)})"
+    return f"worker {rank} exited with code {exitcode} without raising an exception"
+
+
+def _kill(workers: list[Any]) -> None:
+    """Kill the workers still running, and reap them. SIGKILL, unlike SIGTERM, also ends a
+    stopped process at once, so this never waits on one."""
+    for worker in workers:
+        if worker.is_alive():
+            worker.kill()
+    for worker in workers:
+        worker.join(_REAP_TIMEOUT_S)
+
+
+def _worker(rank: int, fn: Callable[..., Any], nproc: int, folder: str, backend: str | None,
+            timeout: float, args: tuple) -> None:
+    """One process of :func:`launch`: join the group, run ``fn``, leave its pickled result (or
+    the traceback of what failed) in ``folder`` for the parent, leave the group. Reports are files
+    rather than messages on a pipe, so a worker stopped or killed in the middle of one can never
+    block the parent."""
     os.environ.setdefault("LOCAL_RANK", str(rank))
-    init_process_group(backend, init_method=init_method, rank=rank, world_size=nproc, timeout=timeout)
-    torch_dist = _require_torch()
     try:
-        try:
-            result = fn(*args)
-        except BaseException:
-            messages.put((rank, True, traceback.format_exc()))
-            raise
-        messages.put((rank, False, result))
-        torch_dist.barrier()  # no process leaves while another may still need it in a collective
+        init_process_group(backend, init_method="file://" + os.path.join(folder, "rendezvous"), rank=rank,
+                           world_size=nproc, timeout=timeout)
+        _report_file(folder, rank, "result").write_bytes(pickle.dumps(fn(*args)))
+        _require_torch().barrier()  # no process leaves while another may still need it in a collective
+    except Exception:
+        # Reported before leaving the group: leaving makes the others fail, and the first
+        # report is the one launch shows.
+        _report_file(folder, rank, "error").write_text(traceback.format_exc())
+        sys.exit(1)  # (re-raising would make torch write a copy of the traceback to a file it never removes)
     finally:
-        torch_dist.destroy_process_group()
+        group = _process_group()
+        if group is not None:
+            group.destroy_process_group()
+
+
+def _report_file(folder: str, rank: int | str, kind: str) -> Path:
+    """Where worker ``rank`` of :func:`launch` leaves its ``result`` or its ``error``."""
+    return Path(folder) / f"worker.{rank}.{kind}"
 
 
 def _name(fn: Callable[..., Any]) -> str:

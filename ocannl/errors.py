@@ -48,6 +48,12 @@ class OutOfBoundsError(OcannlError):
     """A buffer access outside the buffer's dims (reported by the interpreter with the IR location)."""
 
 
+class IntegerDivisionError(OcannlError, ZeroDivisionError):
+    """An integer division or remainder by zero while a routine ran (``oc.div`` of integer
+    tensors), reported on every backend with the routine and the statement it is in; floats
+    divide by zero to infinities or NaN instead (docs/precisions.md, "Integer arithmetic")."""
+
+
 class KernelMemoryError(OcannlError, MemoryError):
     """Compiled code could not allocate the working memory it needs (the C backend's packing
     buffers of a matrix product): the message names the product and the size."""

@@ -7,7 +7,9 @@ runs in the init routine of each context the parameter is compiled on (:func:`in
     v = oc.param("v", output=16, init=oc.init.glorot_uniform(gain=2.0))
 
 Random values come from counter-based Threefry-4x32-20 built into the IR
-(``ocannl/lowlevel/prng.py``), so every backend produces the same bits. A parameter's key is
+(``ocannl/lowlevel/prng.py``), turned into values by exactly rounded operations only (normal draws
+too: their log and cosine are computed from ``+ - * /`` and ``sqrt``, not by the math library),
+so every backend produces the same bits. A parameter's key is
 ``(seed, stream, draw, 0)`` with ``seed`` the session seed and ``stream`` the parameter's tensor
 id (its creation order in the session): the same program under the same seed gives the same
 values, bit for bit. The seed is read when the init code is built, i.e. when a routine reading
@@ -79,7 +81,8 @@ def uniform(low: float = -1.0, high: float = 1.0) -> Initializer:
 
 
 def normal(mean: float = 0.0, std: float = 1.0) -> Initializer:
-    """Normal with this mean and standard deviation (Box-Muller, ``prng.normal_fill``)."""
+    """Normal with this mean and standard deviation: Box-Muller from exactly rounded operations
+    (``prng.box_muller``), so the same bits on every backend."""
     if not std >= 0:
         raise ValueError(f"init.normal: std must be >= 0, got {std}")
     return lambda t: prng.normal_fill(t.value, _seed, stream(t), mean, std)

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ocannl.backends.session_state import session_state
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.dtypes import DType
 
@@ -70,18 +71,17 @@ def dlpack_source(t) -> Any:
     """The object ``t.__dlpack__`` delegates to: the buffer of the context that last computed
     ``t``'s value (computing it as ``t.numpy()`` does when none did); a number's value is a fresh
     host array, as it has no buffer."""
-    from ocannl.backends.base import contexts_holding, last_writer
 
     _check_exportable(t)
     if t.is_constant:
         return t.numpy()
     node = t.value
-    ctx = last_writer(node)
+    ctx = session_state.last_writer(node)
     if ctx is None or not ctx.has_value(node):
-        ctx = next(iter(contexts_holding(node)), None)
+        ctx = next(iter(session_state.contexts_holding(node)), None)
     if ctx is None:
         t.numpy()  # computes the value where its parameters live, and stores it there
-        ctx = last_writer(node) or next(iter(contexts_holding(node)), None)
+        ctx = session_state.last_writer(node) or next(iter(session_state.contexts_holding(node)), None)
     if ctx is None:
         return np.array(t.numpy(), order="C")
     return ctx.buffer(node)

@@ -5,6 +5,12 @@ Blocks with parameters are factories whose instance keeps its params
 are plain functions of their input. Dims are inferred from use wherever the original infers them.
 Blocks that behave differently in training and evaluation (dropout, batch norm) take
 ``train=`` when called, as PyTorch modules switch with ``.train()`` / ``.eval()``.
+
+A block that updates values when it runs, other than by training, lists them in ``.state``
+(batch norm's running statistics; PyTorch's buffers): data tensors its own code writes, which
+``oc.save`` saves with ``.params`` so that a loaded block computes what the saved one computed
+(docs/training.md, "Checkpoints"). Dropout, a function, keeps its run counter in the graph
+(``ocannl/random.py``), where ``train.save_checkpoint`` finds it.
 """
 
 from __future__ import annotations
@@ -249,8 +255,9 @@ def dropout(x, rate: float, *, train: bool = True, label: str | None = None) -> 
     The mask is drawn anew on every run of the routine computing it (``ocannl/random.py``): two
     ``step.run()`` calls drop different cells, with nothing to bind. It depends only on the session
     seed when the routine is compiled (``oc.seed``), the program, and the number of runs so far on
-    that context, so it is the same, bit for bit, on every backend. The mask is stored, and the
-    gradient reads it: ``x.grad = g * mask``."""
+    that context, so it is the same, bit for bit, on every backend; ``train.save_checkpoint``
+    saves that number (the draw's run counter), so a resumed run draws the masks an uninterrupted
+    one draws. The mask is stored, and the gradient reads it: ``x.grad = g * mask``."""
     if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not 0.0 <= rate <= 1.0:
         raise ValueError(f"nn.dropout: rate is a probability in [0, 1], got {rate!r}")
     x = as_tensor(x)
@@ -314,7 +321,8 @@ class batch_norm:  # noqa: N801
     computed; ``bn(x, train=False)`` uses the running statistics, which start at 0 and 1 on each
     context. ``momentum`` and ``eps`` default to PyTorch's (0.1, 1e-5). The running statistics
     are data tensors, ``bn.running_mean`` and ``bn.running_var``, made at the first call, when
-    the channel count must be known."""
+    the channel count must be known; ``bn.state`` lists them from then on (before, nothing), so
+    that ``oc.save(path, bn)`` saves them with ``gamma`` and ``beta``."""
 
     def __init__(self, label: str = "batch_norm", momentum: float = 0.1, eps: float = 1e-5):
         if not 0.0 <= momentum <= 1.0:
@@ -328,6 +336,11 @@ class batch_norm:  # noqa: N801
     @property
     def params(self) -> list[Tensor]:
         return [self.gamma, self.beta]
+
+    @property
+    def state(self) -> list[Tensor]:
+        """The running mean and variance, once the first call made them."""
+        return [] if self.running_mean is None else [self.running_mean, self.running_var]
 
     def _channels(self, x: Tensor) -> int:
         """The channel count of ``x``; makes the running statistics on the first call."""

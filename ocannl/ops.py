@@ -16,6 +16,7 @@ to add an operation; the shapes and the einsum language are in ``docs/shapes.md`
 from __future__ import annotations
 
 import builtins
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -44,14 +45,35 @@ Gradient = Callable[[Tensor], list[Assignment]]
 """Builds the assignments adding a result's gradient into its operands' gradients."""
 
 
+def _promoted(operands: Sequence[Tensor]) -> DType:
+    """The precision of an operation's result, as PyTorch promotes (docs/precisions.md, "Integer
+    arithmetic"): the highest float precision among the operands that are not numbers; with none,
+    the highest integer precision among them (int64 > uint32 > int32), unless a number is a float
+    (``ids * 0.5`` is float32); float32 when every operand is a number. Numbers adapt to the
+    tensors they meet: ``ids + 1`` keeps the precision of ``ids``."""
+    held = [o.dtype for o in operands if not o.is_constant]
+    floats = [d for d in held if d.is_float]
+    if floats:
+        return functools.reduce(dtypes.promote, floats)
+    if not held or any(o.is_constant and o.data.dtype.kind == "f" for o in operands):
+        return dtypes.DEFAULT
+    return functools.reduce(dtypes.promote, held)
+
+
 def _promoted_float(operands: Sequence[Tensor]) -> DType:
-    """The highest float precision among the operands that are not constants (numbers adapt to
-    their consumer), float32 if none."""
-    floats = [o.dtype for o in operands if not o.is_constant and o.dtype.is_float]
-    dtype = floats[0] if floats else dtypes.DEFAULT
-    for d in floats[1:]:
-        dtype = dtypes.promote(dtype, d)
-    return dtype
+    """The precision of an operation that computes in floats (``exp``, ``mean``, ``/``): as
+    :func:`_promoted`, float32 where that is an integer precision (``exp`` of int64 data is
+    float32, as in PyTorch)."""
+    dtype = _promoted(operands)
+    return dtype if dtype.is_float else dtypes.DEFAULT
+
+
+def _where_promoted(operands: Sequence[Tensor]) -> DType:
+    """The precision of ``where(cond, a, b)``: its branches', the condition only choosing
+    between them (int64 branches stay whole under a float condition, as in PyTorch); where both
+    branches are numbers, the condition's."""
+    branches = operands[1:]
+    return _promoted(operands if all(b.is_constant for b in branches) else branches)
 
 
 @dataclass(frozen=True, eq=False)
@@ -70,12 +92,15 @@ class OpDef:
     shape: Callable[..., ShapeLogic]
     forward: Forward
     gradient: Gradient | None
-    dtype: Callable[[Sequence[Tensor]], DType] = _promoted_float
+    dtype: Callable[[Sequence[Tensor]], DType] = _promoted
 
     def __call__(self, *operands, label: str | None = None, attrs: dict | None = None, **arguments) -> Tensor:
         """The op applied to ``operands`` (numbers, index symbols and arrays become tensors);
         ``arguments`` go to the shape logic, and a ``spec`` among them is shown by shape errors."""
         tensors = [as_tensor(x) for x in operands]
+        result = self.dtype(tensors)
+        if not result.is_float:
+            _check_numbers_fit(self.name if label is None else f"{self.name} {label!r}", tensors, result)
         logic = self.shape(tensors, **arguments)
         return new_op(self, logic, tensors, label, spec=arguments.get("spec"), attrs=attrs)
 
@@ -97,9 +122,26 @@ def define(op: OpDef) -> OpDef:
 # ``v <accum>= fn(v1, ...)``, as the original's ``%cd`` definitions.
 
 
-def _operand(t: Tensor):
-    """A number is inlined as a constant; every other operand is read from its buffer."""
-    return float(t.data) if t.is_constant else t.value
+def _operand(t: Tensor, result: DType):
+    """A number is inlined as a constant, kept a whole int in an integer ``result``'s code
+    (through a float, 2**53 + 1 would round); every other operand is read from its buffer."""
+    if not t.is_constant:
+        return t.value
+    return int(t.data) if not result.is_float and t.data.dtype.kind != "f" else float(t.data)
+
+
+def _check_numbers_fit(op: str, operands: Sequence[Tensor], result: DType) -> None:
+    """The numbers among the operands of ``op`` fit its integer ``result``: ``uint32_ids + (-1)``
+    or ``int32_ids * 2**40`` are refused, as numpy refuses them, never wrapped
+    (docs/precisions.md, "Integer arithmetic")."""
+    for o in operands:
+        if o.is_constant and o.data.dtype.kind != "f":
+            v, low, high = int(o.data), dtypes.lowest(result), dtypes.highest(result)
+            if not low <= v <= high:
+                raise DTypeError(
+                    f"{op}: the number {v} does not fit the result's precision {result.name} [{low}, {high}], "
+                    f"which its integer operands give it; make them a wider integer (dtype='int64'), or "
+                    f"write a float number ({v}.0) for a float32 result")
 
 
 def _spec_text(t: Tensor, default: str) -> str:
@@ -111,7 +153,7 @@ def _assign(t: Tensor, fn: ScalarOp, accum: Binop | None = None, spec: str = "."
     """``v =: fn(...)`` (``accum`` None), or ``v =:<accum> fn(...)``: reset to the accumulator's
     neutral element, then accumulate over the reduced axes (lowering drops the reset when every
     cell is written exactly once)."""
-    return Accum(t.value, accum, fn, tuple(_operand(o) for o in t.operands), t.projections,
+    return Accum(t.value, accum, fn, tuple(_operand(o, t.dtype) for o in t.operands), t.projections,
                  initialize_neutral=accum is not None, spec=spec)
 
 
@@ -202,7 +244,7 @@ def _rule_accum(t: Tensor, lhs: TNode, lhs_slot: int, accum: Binop, expr, projec
             slots.append(slot)
         else:
             k = int(leaf[1:])
-            rhs.append(_operand(t.operands[k - 1]))
+            rhs.append(_operand(t.operands[k - 1], lhs.dtype))
             slots.append(k)
     if isinstance(fn, Arg):
         fn = Unop.ID
@@ -307,8 +349,8 @@ POINTWISE: tuple[tuple[str, ScalarOp, Rules | None], ...] = (
     ("where", Ternop.WHERE, {2: (_ADD, _b(Ternop.WHERE, "v1", "g", 0.0)), 3: (_ADD, _b(Ternop.WHERE, "v1", 0.0, "g"))}),
     ("fma", Ternop.FMA, {1: (_ADD, _mul("g", "v2")), 2: (_ADD, _mul("v1", "g")), 3: (_ADD, "g")}),
 )
-"""The pointwise operations. A comparison gives 1.0 where true, 0.0 elsewhere; ``not`` is exposed
-as ``oc.not_``, ``max``/``min`` as ``oc.maximum``/``oc.minimum``."""
+"""The pointwise operations. A comparison gives 1 where true, 0 elsewhere, in its operands'
+precision; ``not`` is exposed as ``oc.not_``, ``max``/``min`` as ``oc.maximum``/``oc.minimum``."""
 
 
 def _pointwise_logic(operands: Sequence[Tensor], spec: str | None = None) -> ShapeLogic:
@@ -344,9 +386,23 @@ def _pointwise_gradient(fn: ScalarOp, table: Rules) -> Gradient:
     return rules(per_result)
 
 
+def _pointwise_promoted(fn: ScalarOp) -> Callable[[Sequence[Tensor]], DType]:
+    """The result precision of the pointwise operation of ``fn``: integer operands keep an
+    integer precision except through a float-only operator (``exp``, ``sqrt``, ``pow``)."""
+    if fn is Ternop.WHERE:
+        return _where_promoted
+    return _promoted_float if fn.float_only else _promoted
+
+
 for _name, _fn, _rules in POINTWISE:
     define(OpDef(_name, shape=_pointwise_logic, forward=_pointwise_forward(_fn),
-                 gradient=None if _rules is None else _pointwise_gradient(_fn, _rules)))
+                 gradient=None if _rules is None else _pointwise_gradient(_fn, _rules),
+                 dtype=_pointwise_promoted(_fn)))
+
+TRUE_DIV = define(OpDef("true_div", shape=_pointwise_logic, forward=_pointwise_forward(Binop.DIV), gradient=None,
+                        dtype=_promoted_float))
+"""The quotient of two integer operands as ``a / b`` computes it: in float32. It has no gradient
+since integers have none; ``/`` of anything else is ``div`` itself (:func:`true_divide`)."""
 
 UNARY_OPS = tuple(name for name, fn, _ in POINTWISE if isinstance(fn, Unop))
 """Pointwise unary functions (``not`` is exposed as ``oc.not_``)."""
@@ -372,12 +428,25 @@ def _binary(op: OpDef):
     fn.__doc__ = f"Pointwise ``{op.name}`` with numpy-style broadcasting (or the einsum ``spec=``)."
     if op.name in ("max", "min"):
         fn.__doc__ += " Where the operands are equal, the first gets the gradient (docs/semantics.md)."
+    if op.name == "div":
+        fn.__doc__ += (" Integers keep their precision and truncate toward zero, a zero divisor being an "
+                       "IntegerDivisionError when the code runs; ``a / b`` gives their float32 quotient "
+                       "(docs/precisions.md, \"Integer arithmetic\").")
     return fn
 
 
 relu, sat01, exp, log, exp2, log2, sin, cos, sqrt, recip, recip_sqrt, neg, tanh, sigmoid, abs, not_ = (
     _unary(OPS[name]) for name in UNARY_OPS)
 add, sub, mul, div, pow, lt, gt, eq, ne, maximum, minimum = (_binary(OPS[name]) for name in BINARY_OPS)
+
+
+def true_divide(a, b, *, label: str | None = None) -> Tensor:
+    """``a / b``: true division, as Python's, numpy's and PyTorch's ``/``. A quotient of integers
+    (tensors or numbers) is float32, ``ids / 2`` included; ``oc.div`` keeps integers and
+    truncates as C does (docs/precisions.md, "Integer arithmetic"). Of floats, it is ``oc.div``."""
+    operands = (as_tensor(a), as_tensor(b))
+    quotient = OPS["div"] if OPS["div"].dtype(operands).is_float else TRUE_DIV
+    return quotient(*operands, label=label)
 
 
 def where(cond, a, b, *, spec: str | None = None, label: str | None = None) -> Tensor:
@@ -517,7 +586,7 @@ def _mean_forward(t: Tensor) -> Assignment:
 SUM = define(OpDef("sum", shape=_reduction_logic, forward=_contract(Binop.ADD, {1: Unop.ID}),
                    gradient=rules(_G_TO_THE_OPERAND)))
 MEAN = define(OpDef("mean", shape=_reduction_logic, forward=_mean_forward,
-                    gradient=rules(lambda t: {1: (_ADD, _mul("g", _mean_scale(t)))})))
+                    gradient=rules(lambda t: {1: (_ADD, _mul("g", _mean_scale(t)))}), dtype=_promoted_float))
 MAX_REDUCE = define(OpDef("max_reduce", shape=_reduction_logic, forward=_contract(Binop.MAX, {1: Unop.ID}),
                           gradient=first_maximum("v1")))
 
@@ -601,7 +670,8 @@ def _part_projections(t: Tensor, j: int) -> Callable[[], Projections]:
 
 def _parts_forward(t: Tensor) -> Assignment:
     fn = Unop.NEG if t.attrs.get("negated") else Unop.ID
-    return Block(tuple(Accum(t.value, None, fn, (_operand(o),), _part_projections(t, j), spec=_spec_text(t, t.op))
+    return Block(tuple(Accum(t.value, None, fn, (_operand(o, t.dtype),), _part_projections(t, j),
+                             spec=_spec_text(t, t.op))
                        for j, o in enumerate(t.operands)))
 
 
@@ -767,7 +837,7 @@ class DimRef:
 # Tensor's operators and methods call these functions.
 
 register_catalog(
-    operators={"add": add, "sub": sub, "mul": mul, "div": div, "pow": pow, "compose": compose, "neg": neg,
+    operators={"add": add, "sub": sub, "mul": mul, "div": true_divide, "pow": pow, "compose": compose, "neg": neg,
                "lt": lt, "gt": gt, "eq": eq, "ne": ne, "not_": not_, "slice_batch": slice_batch},
     methods={"relu": relu, "sat01": sat01, "exp": exp, "log": log, "exp2": exp2, "log2": log2, "sin": sin,
              "cos": cos, "sqrt": sqrt, "recip": recip, "recip_sqrt": recip_sqrt, "neg": neg, "tanh": tanh,

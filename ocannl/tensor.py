@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ocannl import config, session
+from ocannl.backends.context import default_context
+from ocannl.backends.session_state import session_state
 from ocannl.errors import IndexBindingError, SessionError, ShapeError
 from ocannl.init import init_code
 from ocannl.lowlevel import dtypes
@@ -200,13 +202,16 @@ class Tensor:
 
     @property
     def requires_grad(self) -> bool:
-        """Parameters, and results of differentiable ops with a differentiable operand. Data,
-        constants, index embeddings and comparisons get no gradient node."""
+        """Float parameters, and float results of differentiable ops with a differentiable
+        operand. Data, constants, index embeddings, comparisons and integer tensors (an int32
+        parameter included, as PyTorch refuses gradients to integers) get no gradient node."""
         if self._requires_grad is None:
             # Operands first, in creation order, without recursion: a chain of thousands of ops
             # must not exhaust the Python stack.
             for u in subgraph(self, stop=lambda v: v._requires_grad is not None):
-                if u.is_param:
+                if not u.dtype.is_float:
+                    u._requires_grad = False
+                elif u.is_param:
                     u._requires_grad = True
                 elif u.definition is None or u.definition.gradient is None:
                     u._requires_grad = False
@@ -276,12 +281,12 @@ class Tensor:
         if self.is_constant:
             self._check_numpy_bindings(set(), bindings)
             return np.full(self.dims, self.data, dtype=self.dtype.storage)
-        from ocannl.backends.base import contexts_holding, default_context, last_writer
 
-        ctx = last_writer(self.value)
+        ctx = session_state.last_writer(self.value)
         stored = ctx is not None and ctx.has_value(self.value)
         if not stored:
-            holders = (c for u in reversed(subgraph(self)) if u.is_param for c in contexts_holding(u.value))
+            holders = (c for u in reversed(subgraph(self)) if u.is_param
+                       for c in session_state.contexts_holding(u.value))
             ctx = next(holders, None) or default_context()
         if bindings or not stored:
             routine = ctx.compile(self)
@@ -314,9 +319,8 @@ class Tensor:
         if tuple(arr.shape) != self.dims:
             raise ShapeError(f"{self.label}.set: expected an array of shape {self.dims}, got {arr.shape}")
         self._host_value = arr
-        from ocannl.backends.base import contexts_holding
 
-        for ctx in contexts_holding(self.value):
+        for ctx in session_state.contexts_holding(self.value):
             ctx.set(self.value, arr)
 
     # -- Python protocol -----------------------------------------------------------------------
@@ -382,14 +386,12 @@ class GradNode(TNode):
     def __init__(self, t: Tensor):
         # A gradient is a sum over every use of ``t``: a float16 or bfloat16 tensor's gradient is
         # float32 (its compute type), so that it accumulates without rounding to 16 bits per term.
-        super().__init__(t.label, dims=lambda: t.dims, dtype=t.dtype.compute if t.dtype.is_float else t.dtype,
-                         grad_of=t.value)
+        super().__init__(t.label, dims=lambda: t.dims, dtype=t.dtype.compute, grad_of=t.value)
         self.tensor = t
 
     def numpy(self) -> np.ndarray:
-        from ocannl.backends.base import last_writer
 
-        ctx = last_writer(self)
+        ctx = session_state.last_writer(self)
         if ctx is None:
             raise SessionError(f"the gradient of {self.tensor.label!r} has not been computed: compile "
                                f"and run train.grad_update(loss) first")
@@ -460,6 +462,9 @@ def tensor(array, batch: int = 0, input: int = 0, label: str | None = None,
     precision cannot hold is a ``DTypeError`` naming it."""
     from ocannl import interop
 
+    for kind, count in (("batch", batch), ("input", input)):
+        if not _int_like(count) or count < 0:
+            raise ShapeError(f"oc.tensor: {kind}= counts axes, so it must be a non-negative int, got {count!r}")
     foreign = interop.is_foreign_array(array)
     arr = interop.host_array(array, f"oc.tensor {label or 'tensor'!r}") if foreign else np.asarray(array)
     if arr.dtype.kind not in "fiub":
@@ -471,7 +476,7 @@ def tensor(array, batch: int = 0, input: int = 0, label: str | None = None,
         dtype = dtypes.by_name(dtype)
     # Kept as the host sees it (bfloat16 as float32), rounded and range-checked once here.
     arr = dtypes.from_storage(dtype, dtypes.to_storage(dtype, arr, f"oc.tensor {label or 'tensor'!r}"))
-    if batch < 0 or input < 0 or batch + input > arr.ndim:
+    if batch + input > arr.ndim:
         raise ShapeError(
             f"oc.tensor: batch={batch} and input={input} axes do not fit an array of shape {arr.shape}")
     dims = arr.shape

@@ -102,7 +102,7 @@ class Report:
 def run_program(program: Program, backend: str) -> dict[str, np.ndarray]:
     """Run ``program`` in a fresh session on ``backend``; every node its routine read or wrote
     (parameters included), by name, after the last run."""
-    from ocannl.backends.base import Context
+    from ocannl.backends.context import Context
 
     session.reset()
     items = list(program.build())
@@ -164,7 +164,7 @@ def conformance(backend: str, programs: Iterable[Program] | None = None, random_
     programs = list(programs) if programs is not None else catalog()
     rng = np.random.default_rng(seed)
     programs += [random_einsum_program(rng, i) for i in range(random_programs)]
-    from ocannl.backends.base import get_backend
+    from ocannl.backends.registry import get_backend
 
     unsupported = set(getattr(get_backend(backend), "unsupported_dtypes", ()))
     for program in programs:
@@ -573,7 +573,7 @@ def search_generated(backend: str, examples: int = 25, seed: int = 0, exact: boo
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ocannl.backends.base import get_backend
+    from ocannl.backends.registry import get_backend
     from ocannl.errors import BackendUnavailable
 
     parser = argparse.ArgumentParser(prog="python -m ocannl.testing", description=__doc__.splitlines()[0])

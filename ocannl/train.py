@@ -12,9 +12,12 @@ to one call of an optimizer: ``adam_update`` called on two gradient updates that
 parameter (the same model compiled for two batch sizes, say) reads and writes the same state
 nodes, so alternating the two routines on one context continues one run of Adam instead of
 starting a second from zero. ``save_checkpoint`` / ``load_checkpoint`` save that state with the
-parameters. The state of a float16 or bfloat16 parameter is float32, as its gradient is, and its
-update is computed in float32 and rounded once into the parameter (docs/precisions.md, "Training
-with 16-bit parameters").
+parameters, and with every other value the training step carries from one run to the next and
+changes (:func:`updated_state`: dropout's run counters, batch norm's running statistics), so that
+a run resumed from a checkpoint continues the saved one bit for bit (docs/training.md,
+"Checkpoints"). The state of a float16 or bfloat16 parameter is float32, as its gradient is, and
+its update is computed in float32 and rounded once into the parameter (docs/precisions.md,
+"Training with 16-bit parameters").
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ import numpy as np
 from ocannl import checkpoint, session
 from ocannl.errors import ShapeError
 from ocannl.lowlevel import dtypes
-from ocannl.lowlevel.assignments import Accum, Apply, Arg, Assignment, Block, Computation, Constant, Fetch, Init
+from ocannl.lowlevel.assignments import (Accum, Apply, Arg, Assignment, Block, Computation, Constant, Fetch, Init,
+                                         nodes_written)
 from ocannl.lowlevel.scalar_ops import Binop, Unop
 from ocannl.lowlevel.tnode import TNode
 from ocannl.shape.projections import identity_projections
@@ -37,7 +41,8 @@ from ocannl.tensor import Tensor, as_tensor, finish_inference, subgraph
 
 @dataclass
 class GradUpdate:
-    """Forward + backprop of ``loss``; ``params`` are the parameters it differentiates."""
+    """Forward + backprop of ``loss``; ``params`` are the parameters it differentiates (not the
+    integer ones, which take no gradient)."""
 
     loss: Tensor
     params: list[Tensor]
@@ -63,7 +68,7 @@ def grad_update(loss: Tensor) -> GradUpdate:
     backprop = Block(tuple(a for u in reversed(graph) if u.requires_grad and u.logic is not None
                            for a in u.backward_code()), comment=f"{loss.label} backprop")
     body = Block((forward.body, zero, Fetch(loss.grad, Constant(1.0)), backprop))
-    params = [u for u in graph if u.is_param]
+    params = [u for u in graph if u.is_param and u.requires_grad]  # an integer parameter takes no gradient
     return GradUpdate(loss, params, Computation(f"{loss.label}_grad_update", body, forward.inits))
 
 
@@ -85,18 +90,24 @@ def optimizer_state(p: Tensor) -> dict[str, TNode]:
 
 @dataclass
 class _ParamUpdate:
-    """An optimizer step: per-parameter assignments plus their state buffers' initializers.
-    ``states`` lists the state nodes it reads, by parameter, for checkpoints."""
+    """An optimizer step of the parameters of ``update``: per-parameter assignments plus their
+    state buffers' initializers. ``states`` lists the state nodes it reads, by parameter, for
+    checkpoints."""
 
     name: str
+    update: GradUpdate
     body: list[Assignment] = field(default_factory=list)
     inits: list[tuple[TNode, Init]] = field(default_factory=list)
     prelude: tuple[Assignment, ...] = ()
-    params: list[Tensor] = field(default_factory=list)
     states: list[tuple[Tensor, str, TNode]] = field(default_factory=list)
     hyperparameter: Tensor | None = None
     """A tensor hyper-parameter (``lr``), whose initializers are read when compiling, so that a
     ``lr.set(...)`` made after the step was built counts."""
+
+    @property
+    def params(self) -> list[Tensor]:
+        """The parameters this step updates: those ``update`` differentiates."""
+        return self.update.params
 
     def to_computation(self) -> Computation:
         state_inits = tuple((node, _initial_state(node)) for _, _, node in self.states)
@@ -198,8 +209,7 @@ def sgd_update(update: GradUpdate, lr=0.1, momentum: float = 0.0, weight_decay: 
     if nesterov and not momentum:
         raise ValueError("sgd_update: nesterov=True needs momentum > 0")
     lr_val, lr_dims = _scalar(lr, "lr")
-    step = _hyperparameter(lr_val, f"{update.loss.label}_sgd_update")
-    step.params = list(update.params)
+    step = _optimizer_step(update, "sgd_update", lr_val)
     for p in update.params:
         dims = p.dims
         g, pv = p.grad, p.value
@@ -227,8 +237,7 @@ def adam_update(update: GradUpdate, lr=1e-3, betas: tuple[float, float] = (0.9, 
     scales ``p *= 1 - lr*wd``."""
     b1, b2 = betas
     lr_val, lr_dims = _scalar(lr, "lr")
-    step = _hyperparameter(lr_val, f"{update.loss.label}_adam_update")
-    step.params = list(update.params)
+    step = _optimizer_step(update, "adam_update", lr_val)
     l2 = 0.0 if decoupled else weight_decay
     for p in update.params:
         dims = p.dims
@@ -274,45 +283,73 @@ def adam_update(update: GradUpdate, lr=1e-3, betas: tuple[float, float] = (0.9, 
     return step
 
 
-def _hyperparameter(x, name: str) -> _ParamUpdate:
-    """An empty optimizer step whose prelude computes the hyper-parameter ``x``: nothing for a
-    number; for a tensor, its forward code, and the initializers of the data and parameters it
-    reads, so that ``lr = oc.tensor(...)`` holds its value on every context the step runs on."""
-    if not isinstance(x, Tensor):
-        return _ParamUpdate(name)
-    return _ParamUpdate(name, prelude=(x.to_computation().body,), hyperparameter=x)
+def _optimizer_step(update: GradUpdate, optimizer: str, lr) -> _ParamUpdate:
+    """An empty step of ``optimizer`` over ``update``'s parameters, whose prelude computes the
+    learning rate ``lr``: nothing for a number; for a tensor, its forward code, and the
+    initializers of the data and parameters it reads, so that ``lr = oc.tensor(...)`` holds its
+    value on every context the step runs on."""
+    name = f"{update.loss.label}_{optimizer}"
+    if not isinstance(lr, Tensor):
+        return _ParamUpdate(name, update)
+    return _ParamUpdate(name, update, prelude=(lr.to_computation().body,), hyperparameter=lr)
+
+
+def updated_state(computations: Iterable[Computation]) -> list[TNode]:
+    """The nodes ``computations`` carry from one run to the next and change: those they both
+    initialize (so a value persists on the context) and write. Parameters, optimizer state,
+    dropout's run counters and batch norm's running statistics are such nodes; data only read
+    and intermediate results recomputed on every run are not. A run continues another exactly
+    when it starts from these nodes' values, which is what a training checkpoint holds."""
+    computations = list(computations)
+    initialized = {node for c in computations for node, _ in c.inits}
+    return list(dict.fromkeys(node for c in computations for node in nodes_written(c.body) if node in initialized))
 
 
 def checkpoint_entries(optimizers) -> list[checkpoint.Entry]:
-    """The parameters ``optimizers`` update (an optimizer step, or a list of them) under their
-    labels, and each parameter's optimizer state as ``<label>.<state>`` (``w1.adam_m``,
-    ``w1.adam_step``, ``w1.sgd_momentum``)."""
+    """What a training checkpoint of ``optimizers`` (an optimizer step, or a list of them) holds:
+    the :func:`updated_state` of each step compiled with its gradient update. The parameters are
+    named by their labels, each parameter's optimizer state ``<label>.<state>`` (``w1.adam_m``,
+    ``w1.adam_step``, ``w1.sgd_momentum``), and the data tensors the forward code updates by their
+    labels (dropout's run counter ``<dropout label>_draw_run``, batch norm's
+    ``<label>_running_mean`` and ``<label>_running_var``)."""
     steps = [optimizers] if isinstance(optimizers, _ParamUpdate) else list(optimizers)
     for s in steps:
         if not isinstance(s, _ParamUpdate):
             raise TypeError(f"a training checkpoint takes the optimizer steps sgd_update/adam_update return, "
                             f"got {type(s).__name__}")
-    found = checkpoint.entries([p for s in steps for p in s.params])
-    name_of = {e.node: e.name for e in found}
-    found += [checkpoint.Entry(f"{name_of[p.value]}.{what}", node, None)
-              for s in steps for p, what, node in s.states]
-    return checkpoint.unique(found)
+    optimizer_state_names = {node: f"{p.label}.{what}" for s in steps for p, what, node in s.states}
+    owners = {u.value: u for s in steps for root in (s.update.loss, s.hyperparameter) if root is not None
+              for u in subgraph(root)}
+    found = []
+    for node in updated_state(c for s in steps for c in (s.update.computation, s.to_computation())):
+        if node in optimizer_state_names:
+            found.append(checkpoint.Entry(optimizer_state_names[node], node, None, is_state=True))
+        else:
+            t = owners[node]
+            found.append(checkpoint.Entry(t.label, node, t, is_state=not t.is_param))
+    return checkpoint.unique(found, fix="give them distinct labels (a dropout's run counter is named after the "
+                                        "dropout: nn.dropout(x, rate, label=...))")
 
 
 def save_checkpoint(path, optimizers, *, context=None) -> None:
-    """Save the parameters of ``optimizers`` and their optimizer state (moments, momentum
-    buffers, Adam's step counts) to the safetensors file ``path``, atomically; from ``context``
-    when given, else as ``t.numpy()`` reads them. Index bindings (``step_n`` in a learning-rate
-    schedule) are the caller's: resume by binding the step to continue from."""
+    """Save what a run of the steps ``optimizers`` needs to continue (:func:`checkpoint_entries`:
+    parameters, optimizer state, dropout's run counters, batch norm's running statistics) to the
+    safetensors file ``path``, atomically; from ``context`` when given, else as ``t.numpy()``
+    reads them. Index bindings (``step_n`` in a learning-rate schedule) are the caller's: resume
+    by binding the step to continue from."""
     checkpoint.write(path, checkpoint_entries(optimizers), context=context)
 
 
-def load_checkpoint(path, optimizers, *, context=None, strict: bool = True) -> None:
+def load_checkpoint(path, optimizers, *, context=None, strict: bool = True,
+                    allow_missing_state: bool = False) -> None:
     """Restore what :func:`save_checkpoint` saved, checking names, dims and precisions first
     (see ``oc.load``). Values go to ``context`` when given; else to every context holding them,
-    and optimizer state also to contexts compiling these steps later. Training on from here
-    gives the bits an uninterrupted run gives."""
-    values = checkpoint.read(path, checkpoint_entries(optimizers), strict=strict)
+    and to contexts compiling these steps later. Training on from here gives the bits an
+    uninterrupted run gives. A file lacking some state (saved before checkpoints held run
+    counters and running statistics) is an error naming it; with ``allow_missing_state`` it
+    loads, that state keeping its current value, with a ``CheckpointWarning``."""
+    values = checkpoint.read(path, checkpoint_entries(optimizers), strict=strict,
+                             allow_missing_state=allow_missing_state)
     if context is None:
         _loaded_state.update((e.node, v) for e, v in values if e.tensor is None)
     checkpoint.assign(values, context=context)

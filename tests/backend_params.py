@@ -6,14 +6,15 @@ from __future__ import annotations
 import pytest
 
 import ocannl as oc
-from ocannl.backends import base
+from ocannl.backends import registry
+from ocannl.backends.context import set_default_context
 from ocannl.errors import BackendUnavailable
 
 
 def runs_here(name: str) -> bool:
     """Whether backend ``name`` can be constructed on this machine."""
     try:
-        base.get_backend(name)
+        registry.get_backend(name)
     except Exception:  # noqa: BLE001 - not available on this machine
         return False
     return True
@@ -34,5 +35,5 @@ def default_context(backend: str) -> oc.Context:
         ctx = oc.Context(backend)
     except BackendUnavailable as e:
         pytest.skip(str(e))
-    base.set_default_context(ctx)
+    set_default_context(ctx)
     return ctx

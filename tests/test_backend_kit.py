@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ocannl import testing
-from ocannl.backends import base
+from ocannl.backends import registry as backend_registry
 from ocannl.errors import BackendUnavailable
 from ocannl.lowlevel.scalar_ops import Binop, Unop
 
@@ -23,10 +23,10 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "numpy_loops"
 @pytest.fixture
 def registry(monkeypatch):
     """The backend registry, restored after the test (plugins registered in it disappear)."""
-    monkeypatch.setattr(base, "_registry", dict(base._registry))
-    monkeypatch.setattr(base, "_plugin_errors", {})
-    monkeypatch.setattr(base, "_plugins_loaded", False)
-    return base
+    monkeypatch.setattr(backend_registry, "_registry", dict(backend_registry._registry))
+    monkeypatch.setattr(backend_registry, "_plugin_errors", {})
+    monkeypatch.setattr(backend_registry, "_plugins_loaded", False)
+    return backend_registry
 
 
 @pytest.fixture
@@ -70,9 +70,9 @@ def test_a_broken_plugin_is_named_and_the_other_backends_stay_usable(registry, t
 def test_example_backend_is_a_compiler_not_the_interpreter(example):
     """Its executable holds the Python source it generated for the routine's loops."""
     import ocannl as oc
-    from ocannl.backends.base import Context
+    from ocannl.backends.context import Context
 
-    base.register_backend("numpy_loops_direct", example.NumpyLoopsBackend, preference=-100)
+    backend_registry.register_backend("numpy_loops_direct", example.NumpyLoopsBackend, preference=-100)
     try:
         x = oc.tensor(np.arange(6, dtype=np.float32).reshape(2, 3), label="x")
         y = oc.relu(x - 2, label="y")
@@ -82,13 +82,13 @@ def test_example_backend_is_a_compiler_not_the_interpreter(example):
         np.testing.assert_array_equal(ctx.get(y), np.maximum(np.arange(6).reshape(2, 3) - 2, 0))
         assert "for i" in routine._executable.source
     finally:
-        base._registry.pop("numpy_loops_direct")
+        backend_registry._registry.pop("numpy_loops_direct")
 
 
 def test_example_backend_computes_the_interpreters_bits(example):
     """It uses numpy's math functions, as the interpreter does, so it agrees bit for bit, not
     only within the kit's tolerance: on the catalog and on generated programs."""
-    base.register_backend("numpy_loops_bits", example.NumpyLoopsBackend, preference=-100)
+    backend_registry.register_backend("numpy_loops_bits", example.NumpyLoopsBackend, preference=-100)
     try:
         for program in testing.catalog()[:40:3]:
             expected = testing.run_program(program, "interp")
@@ -96,7 +96,7 @@ def test_example_backend_computes_the_interpreters_bits(example):
             assert testing.first_mismatch(program.name, expected, got, exact=True) is None
         assert testing.search_generated("numpy_loops_bits", examples=20, seed=2, exact=True) is None
     finally:
-        base._registry.pop("numpy_loops_bits")
+        backend_registry._registry.pop("numpy_loops_bits")
 
 
 _PERTURBATIONS = {  # one operator of the example backend made wrong
@@ -111,7 +111,7 @@ _PERTURBATIONS = {  # one operator of the example backend made wrong
 def test_generated_programs_catch_a_wrong_backend_and_shrink_it(example, monkeypatch, perturbation):
     table, op, wrong = _PERTURBATIONS[perturbation]
     monkeypatch.setitem(getattr(example, table), op, wrong)
-    base.register_backend("numpy_loops_wrong", example.NumpyLoopsBackend, preference=-100)
+    backend_registry.register_backend("numpy_loops_wrong", example.NumpyLoopsBackend, preference=-100)
     try:
         failure = testing.search_generated("numpy_loops_wrong", examples=200, seed=0)
         assert failure is not None, f"the kit missed {perturbation}"
@@ -123,7 +123,7 @@ def test_generated_programs_catch_a_wrong_backend_and_shrink_it(example, monkeyp
             exec(compile(script, "<shrunk script>", "exec"), {"__name__": "__main__"})  # noqa: S102
         assert "on numpy_loops_wrong" in printed.getvalue(), script
     finally:
-        base._registry.pop("numpy_loops_wrong")
+        backend_registry._registry.pop("numpy_loops_wrong")
 
 
 def test_generated_programs_are_deterministic_and_agree_on_the_interpreter():
@@ -148,7 +148,7 @@ def _builtin_backends() -> list[str]:
     names = []
     for name in ("c", "metal", "triton"):
         try:
-            base.get_backend(name)
+            backend_registry.get_backend(name)
         except BackendUnavailable:
             continue
         names.append(name)

@@ -1,15 +1,21 @@
 """Checkpoints (ocannl/checkpoint.py, train.save_checkpoint / load_checkpoint): values round-trip
 bit for bit on every backend, a file that does not fit is an error naming the tensor, writes are
-atomic, and training resumed from a checkpoint in a fresh session gives the bits of an
-uninterrupted run."""
+atomic, and training resumed from a checkpoint in a fresh session (or process, with dropout and
+batch norm in the model) gives the bits of an uninterrupted run."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import safetensors
+from safetensors.numpy import save_file
 
 from backend_params import default_context
 import ocannl as oc
@@ -255,3 +261,191 @@ def test_without_safetensors_saving_says_how_to_install_it(tmp_path, monkeypatch
     t = oc.tensor(np.ones(2, np.float32), label="t")
     with pytest.raises(CheckpointError, match=r"ocannl\[checkpoints\]"):
         oc.save(tmp_path / "c.safetensors", [t])
+
+
+# ---------------------------------------------------------------------------------------------
+# Files that lie about their types, paths that are not plain files, and temporaries of killed saves.
+
+
+def _saved_by_another_tool(path, dtypes_metadata: str) -> None:
+    """An int32 ``w`` of dims (2, 3), whose ``ocannl.dtypes`` metadata is ``dtypes_metadata``."""
+    save_file({"w": np.arange(6, dtype=np.int32).reshape(2, 3)}, str(path),
+              metadata={"ocannl.dtypes": dtypes_metadata})
+
+
+def test_the_header_type_is_the_truth_and_metadata_disagreeing_is_an_error(tmp_path):
+    path = tmp_path / "ckpt.safetensors"
+    _saved_by_another_tool(path, json.dumps({"w": "float32"}))
+    w = oc.param("w", output=2, input=3, init=0.0)
+    with pytest.raises(CheckpointError, match=r"'w' is stored as I32 in the file's header, but its ocannl.dtypes "
+                                              r"metadata records float32"):
+        oc.load(path, w)
+    np.testing.assert_array_equal(w.numpy(), np.zeros((2, 3)))
+
+
+@pytest.mark.parametrize("recorded", ['["w", "float32"]', '"float32"', "{oops", '{"w": 32}', '{"w": "float8"}'])
+def test_malformed_precision_metadata_is_an_error(tmp_path, recorded):
+    path = tmp_path / "ckpt.safetensors"
+    _saved_by_another_tool(path, recorded)
+    with pytest.raises(CheckpointError, match=r"ocannl.dtypes metadata .* must be a JSON object mapping names to "
+                                              r"ocannl precisions"):
+        oc.load(path, oc.param("w", output=2, input=3, init=0.0, dtype="int32"))
+
+
+def test_a_directory_is_no_checkpoint_path(tmp_path):
+    w = oc.param("w", output=2, input=(), init=[1.0, 2.0])
+    for step in (oc.save, oc.load):
+        with pytest.raises(CheckpointError, match=r"is a directory: name a file in it"):
+            step(tmp_path, w)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_file_that_is_not_there_is_an_error_naming_it(tmp_path):
+    with pytest.raises(CheckpointError, match=r"there is no checkpoint file .*missing.safetensors"):
+        oc.load(tmp_path / "missing.safetensors", oc.param("w", output=2, input=(), init=0.0))
+
+
+def test_saving_through_a_link_replaces_the_file_it_points_to(tmp_path):
+    (tmp_path / "runs").mkdir()
+    target = tmp_path / "runs" / "ckpt.safetensors"
+    link = tmp_path / "latest.safetensors"
+    link.symlink_to(target)  # dangling until the first save
+    w = oc.param("w", output=2, input=(), init=[1.0, 2.0])
+    for value in ([1.0, 2.0], [3.0, 4.0]):
+        w.set(np.array(value, np.float32))
+        oc.save(link, w)
+        assert link.is_symlink() and link.resolve() == target
+        assert sorted(os.listdir(tmp_path / "runs")) == ["ckpt.safetensors"]
+        v = oc.param("w", output=2, input=(), init=0.0)
+        oc.load(target, v)
+        np.testing.assert_array_equal(v.numpy(), value)
+
+
+def test_saving_removes_the_temporaries_of_saves_killed_over_an_hour_ago(tmp_path):
+    killed = tmp_path / ".ckpt.safetensors.k9_x2ab7.tmp"  # a save killed before its rename
+    running = tmp_path / ".ckpt.safetensors.r4nn1ng0.tmp"  # a save that may still be writing
+    unrelated = tmp_path / ".notes.tmp"  # not a name a save gives its temporary file
+    hour_and_more = time.time() - 3700
+    for f in (killed, running, unrelated):
+        f.write_bytes(b"partial")
+    for f in (killed, unrelated):
+        os.utime(f, (hour_and_more, hour_and_more))
+    oc.save(tmp_path / "other.safetensors", oc.param("w", output=2, input=(), init=[1.0, 2.0]))
+    assert sorted(os.listdir(tmp_path)) == sorted([running.name, unrelated.name, "other.safetensors"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Every value a routine updates across runs belongs to the checkpoint: dropout's run counters and
+# batch norm's running statistics, beside the parameters and the optimizer state.
+
+RESUME_AT, RESUMED_STEPS = 3, 3
+
+
+def dropout_batch_norm_training():
+    """The loss (stored by every run), gradient update and Adam step of a model with batch norm
+    and dropout 0.2. The masks depend on the seed and the program as well as on the run counters:
+    a resumed run rebuilds the same program under the same seed."""
+    oc.seed(7)
+    l1, bn, l2 = nn.linear(4, label="l1"), nn.batch_norm(label="bn"), nn.linear(2, label="l2")
+    h = nn.dropout(oc.relu(bn(l1(oc.tensor(X, batch=1)))), 0.2, label="drop")
+    loss = ((l2(h) - oc.tensor(T, batch=1)) ** 2).sum().materialize()
+    update = train.grad_update(loss)
+    return loss, update, train.adam_update(update, lr=0.05)
+
+
+def run_steps(ctx, training, n: int) -> list[float]:
+    """The losses of ``n`` steps of ``training`` (:func:`dropout_batch_norm_training`) on ``ctx``."""
+    loss, update, opt = training
+    step = ctx.compile(update, opt)
+    losses = []
+    for _ in range(n):
+        step.run()
+        losses.append(float(ctx.get(loss)))
+    return losses
+
+
+def resume(backend: str, directory: str) -> None:
+    """Run in a fresh process: load ``resume_at.safetensors``, train on, save the final state as
+    ``resumed.safetensors`` and print the losses."""
+    ctx = oc.Context(backend)
+    training = dropout_batch_norm_training()
+    train.load_checkpoint(os.path.join(directory, "resume_at.safetensors"), training[2])
+    losses = run_steps(ctx, training, RESUMED_STEPS)
+    train.save_checkpoint(os.path.join(directory, "resumed.safetensors"), training[2], context=ctx)
+    print(json.dumps(losses))
+
+
+@pytest.mark.parametrize("backend", ["interp", "c"])
+def test_training_with_dropout_and_batch_norm_resumed_in_a_fresh_process_is_uninterrupted(backend, tmp_path):
+    ctx = default_context(backend)
+    training = dropout_batch_norm_training()
+    uninterrupted = run_steps(ctx, training, RESUME_AT + RESUMED_STEPS)
+    train.save_checkpoint(tmp_path / "uninterrupted.safetensors", training[2], context=ctx)
+
+    ocannl.session.reset()
+    ctx = default_context(backend)
+    training = dropout_batch_norm_training()
+    assert run_steps(ctx, training, RESUME_AT) == uninterrupted[:RESUME_AT]
+    train.save_checkpoint(tmp_path / "resume_at.safetensors", training[2])
+
+    tests = Path(__file__).resolve().parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tests), str(tests.parent), os.environ.get("PYTHONPATH", "")]))
+    code = f"from test_checkpoint import resume; resume({backend!r}, {str(tmp_path)!r})"
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert json.loads(run.stdout.splitlines()[-1]) == uninterrupted[RESUME_AT:]
+    expected = dict(safetensors.deserialize((tmp_path / "uninterrupted.safetensors").read_bytes()))
+    resumed = dict(safetensors.deserialize((tmp_path / "resumed.safetensors").read_bytes()))
+    assert {"drop_draw_run", "bn_running_mean", "bn_running_var", "bn_gamma.adam_step"} <= expected.keys()
+    assert resumed.keys() == expected.keys()
+    for name, stored in expected.items():
+        assert resumed[name] == stored, name  # precision, dims and bits
+
+
+@pytest.mark.parametrize("backend", ["interp", "c"])
+def test_a_batch_norm_loaded_into_a_fresh_block_evaluates_as_the_saved_one(backend, tmp_path):
+    path = tmp_path / "bn.safetensors"
+    ctx = default_context(backend)
+    bn = nn.batch_norm(label="bn")
+    training = ctx.compile(bn(oc.tensor(X, batch=1)))
+    for _ in range(3):  # the running statistics move away from 0 and 1
+        training.run()
+    evaluated = bn(oc.tensor(T[:, :1] + X, batch=1), train=False).numpy()
+    oc.save(path, bn)
+
+    ocannl.session.reset()
+    default_context(backend)
+    bn = nn.batch_norm(label="bn")
+    evaluation = bn(oc.tensor(T[:, :1] + X, batch=1), train=False)  # the first call makes the running statistics
+    oc.load(path, bn)
+    np.testing.assert_array_equal(evaluation.numpy(), evaluated)
+    assert sorted(name for name, _ in safetensors.deserialize(path.read_bytes())) == [
+        "bn_beta", "bn_gamma", "bn_running_mean", "bn_running_var"]
+
+
+def test_a_checkpoint_without_the_state_is_an_error_naming_it_unless_allowed(tmp_path):
+    path = tmp_path / "without_state.safetensors"
+    ctx = default_context("interp")
+    training = dropout_batch_norm_training()
+    opt = training[2]
+    run_steps(ctx, training, 2)
+    held = {e.name: e for e in train.checkpoint_entries(opt)}
+    # what a training checkpoint held before it held the state the forward code updates
+    checkpoint.write(path, [e for e in held.values() if e.tensor is None or e.tensor.is_param])
+    run_steps(ctx, training, 1)
+    with pytest.raises(CheckpointError, match=r"no value for 'bn_running_mean', 'bn_running_var', 'drop_draw_run' "
+                                              r"\(it holds: .*\); .*pass allow_missing_state=True"):
+        train.load_checkpoint(path, opt)
+    with pytest.warns(checkpoint.CheckpointWarning, match=r"no value for 'bn_running_mean', 'bn_running_var', "
+                                                           r"'drop_draw_run'.*not continue the saved run"):
+        train.load_checkpoint(path, opt, allow_missing_state=True)
+    assert ctx.get(held["drop_draw_run"].node) == 3  # kept: three runs so far
+    np.testing.assert_array_equal(ctx.get(held["l1_w.adam_step"].node), 2)  # loaded
+
+
+def test_two_dropouts_named_alike_are_an_error_saying_how_to_label_them(tmp_path):
+    h = oc.relu(nn.linear(3, label="l1")(oc.tensor(X, batch=1)))
+    loss = (nn.dropout(h + 1.0, 0.1) * nn.dropout(h + 2.0, 0.1)).sum()  # both dropouts of an 'add'
+    opt = train.sgd_update(train.grad_update(loss))
+    with pytest.raises(CheckpointError, match=r"both named 'add_dropout_draw_run' .*nn.dropout\(x, rate, label=...\)"):
+        train.save_checkpoint(tmp_path / "ckpt.safetensors", opt)

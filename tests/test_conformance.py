@@ -4,15 +4,15 @@ import numpy as np
 import pytest
 
 from ocannl import testing
-from ocannl.backends import base
+from ocannl.backends import registry
 from ocannl.backends.interp import InterpBackend
 
 
 def _available() -> list[str]:
     names = []
-    for name in base.registered_backends():
+    for name in registry.registered_backends():
         try:
-            base.get_backend(name)
+            registry.get_backend(name)
         except Exception:  # noqa: BLE001 - unavailable here
             continue
         names.append(name)
@@ -45,7 +45,7 @@ class _OffByOneUlp(InterpBackend):
 
 
 def test_compare_reports_the_first_departing_tensor_and_element():
-    base.register_backend("nudged", _OffByOneUlp, preference=-100)
+    registry.register_backend("nudged", _OffByOneUlp, preference=-100)
     try:
         def build():
             import ocannl as oc
@@ -61,7 +61,7 @@ def test_compare_reports_the_first_departing_tensor_and_element():
         report = testing.conformance("nudged", programs=testing.catalog()[:5], random_programs=0)
         assert not report.ok and len(report.mismatches) == 5
     finally:
-        base._registry.pop("nudged")
+        registry._registry.pop("nudged")
 
 
 def test_command_line_summary(capsys):

@@ -6,8 +6,11 @@ the one-replica run up to float rounding."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -218,6 +221,51 @@ def test_workers_past_the_timeout_are_terminated():
     pytest.importorskip("torch.distributed")
     with pytest.raises(OcannlError, match="did not finish within"):
         distributed.launch(_wait_forever, 1, timeout=3)
+
+
+def _return_rank():
+    import torch.distributed as torch_dist
+
+    return torch_dist.get_rank()
+
+
+def test_a_stopped_worker_is_killed_when_the_timeout_ends(monkeypatch):
+    """A worker stopped by SIGSTOP takes no SIGTERM until it is resumed: launch still ends at
+    its timeout, with an error naming that worker, and leaves no worker process behind."""
+    pytest.importorskip("torch.distributed")
+    import torch.multiprocessing as torch_mp
+
+    start_processes = torch_mp.start_processes
+    started = []
+
+    def start_and_stop_rank_one(*args, **kwargs):
+        workers = start_processes(*args, **kwargs)
+        started.extend(workers.processes)
+        os.kill(workers.processes[1].pid, signal.SIGSTOP)
+        return workers
+
+    def kill_what_is_left():  # a launch that waits on the stopped worker fails the test instead of hanging it
+        for worker in started:
+            try:
+                os.kill(worker.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    monkeypatch.setattr(torch_mp, "start_processes", start_and_stop_rank_one)
+    timeout = 3
+    rescue = threading.Timer(timeout + 30, kill_what_is_left)
+    rescue.start()
+    began = time.monotonic()
+    try:
+        with pytest.raises(OcannlError, match=r"worker 1 \(pid \d+\).* within 3 s"):
+            distributed.launch(_return_rank, 2, timeout=timeout)
+    finally:
+        rescue.cancel()
+    assert time.monotonic() - began < timeout + 5
+    assert len(started) == 2
+    for worker in started:
+        with pytest.raises(ProcessLookupError):
+            os.kill(worker.pid, 0)
 
 
 @pytest.mark.slow

@@ -186,6 +186,17 @@ def test_param_sizes_that_are_not_positive_integers_are_an_error(bad):
         oc.param("w", output=bad)
 
 
+@pytest.mark.parametrize("kind", ["batch", "input"])
+@pytest.mark.parametrize("bad", [1.5, -1, True, "1", None])
+def test_tensor_axis_counts_that_are_not_non_negative_integers_are_an_error(kind, bad):
+    with pytest.raises(ShapeError, match=rf"oc.tensor: {kind}= counts axes, so it must be a non-negative int"):
+        oc.tensor(np.zeros((2, 3)), **{kind: bad})
+
+
+def test_tensor_axis_counts_accept_integer_likes():
+    assert oc.tensor(np.zeros((2, 3, 4)), batch=np.int64(1), input=np.int32(1)).dims == (2, 3, 4)
+
+
 # ---------------------------------------------------------------------------------------------
 # Item 13: at a tie, the first maximum of each window gets the gradient (docs/semantics.md).
 

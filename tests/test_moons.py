@@ -3,13 +3,13 @@
 import pytest
 
 import ocannl as oc
-from ocannl.backends import base
+from ocannl.backends import registry
 from examples import moons
 
 
 def _c_available() -> bool:
     try:
-        base.get_backend("c")
+        registry.get_backend("c")
     except oc.errors.BackendUnavailable:
         return False
     return True

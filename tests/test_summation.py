@@ -11,7 +11,7 @@ import pytest
 
 import ocannl as oc
 import ocannl.session
-from ocannl.backends.base import get_backend
+from ocannl.backends.registry import get_backend
 from ocannl.backends.c import CBackend
 from ocannl.backends.c.emit import emit_c
 from ocannl.backends.interp import InterpBackend

@@ -14,7 +14,7 @@ import pytest
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
 import ocannl as oc  # noqa: E402
-from ocannl.backends import base  # noqa: E402
+from ocannl.backends.context import set_default_context  # noqa: E402
 from ocannl.errors import ShapeError  # noqa: E402
 from ocannl.lowlevel import dtypes, op_semantics  # noqa: E402
 from ocannl.lowlevel.assignments import format_cd  # noqa: E402
@@ -46,7 +46,7 @@ def backend(request) -> str:
     ok, why = ctx.backend.available()
     if not ok:
         pytest.skip(why)
-    base.set_default_context(ctx)
+    set_default_context(ctx)
     return name
 
 

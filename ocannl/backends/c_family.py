@@ -77,12 +77,17 @@ math library's ``fmax``/``fmin`` do, but these also fix which zero ``max(-0.0, 0
 
 Each has two helpers. ``ocannl_max`` is a conditional expression: in a serial chain (a maximum
 over a row) a predicted branch keeps the select's latency off the chain. ``ocannl_max_blend``,
-printed where no chain runs (``Syntax.vector_tile``, ocannl/backends/codegen.py: wide register
-tiles, nests storing one cell per iteration), is :meth:`CFamilySyntax.select`, the tests joined
+printed where no chain runs (the ``branchless`` argument of :meth:`CFamilySyntax.binary`, from
+``NestPlan.branchless`` in ocannl/lowlevel/cpu_schedule.py: wide register tiles, nests storing
+one cell per iteration), is :meth:`CFamilySyntax.select`, the tests joined
 with ``|`` so both are evaluated: GCC keeps a conditional expression a branch per cell in a
 tile's straight-line code, and GCC 12 built for AVX2 left relu's gradient loop a branch per
 element too (the MLP step of bench/cpu_steps.py: 610-630 µs, 425-450 µs with the blend), where
 it vectorizes the select of bits."""
+
+_SIGNED = (dtypes.int32, dtypes.int64)
+"""The signed integer compute types, whose arithmetic is written through unsigned
+(:meth:`CFamilySyntax._wrapping`)."""
 
 _TAGS = {dtypes.float32: "f32", dtypes.float64: "f64", dtypes.int32: "i32", dtypes.int64: "i64", dtypes.uint32: "u32"}
 """The compute types a typed helper is written for, in print order, and the suffix that names a
@@ -195,7 +200,7 @@ class CFamilySyntax(Syntax):
             text = repr(v)
         return f"({text})" if text.startswith("-") else text
 
-    def unary(self, op: Unop, dtype: DType, x: str) -> str:
+    def unary(self, op: Unop, dtype: DType, x: str, *, branchless: bool = False) -> str:
         if op is Unop.UNIFORM1:
             return f"{self.helper('ocannl_uniform1', dtype)}({x})"
         if op is Unop.UINT4X32_OF:
@@ -203,9 +208,9 @@ class CFamilySyntax(Syntax):
         if op is Unop.ID:
             return x
         if op in _RULES or op in _SELECTS:
-            return f"{self.helper(self._rule_name(op, dtype), dtype)}({x})"
+            return f"{self.helper(self._rule_name(op, dtype, branchless), dtype)}({x})"
         if op is Unop.NEG:
-            return f"(-{x})"
+            return self._wrapping(dtype, "-", self.literal(0, dtype), x) if dtype in _SIGNED else f"(-{x})"
         if op is Unop.ABS:
             if dtype.is_float:
                 return f"{self.math_function('fabs', dtype)}({x})"
@@ -221,7 +226,7 @@ class CFamilySyntax(Syntax):
             return f"({one} / ({one} + {self.math_function('exp', dtype)}(-{x})))"
         raise AssertionError(f"{op.value} is missing from the {self.language} operator table")
 
-    def binary(self, op: Binop, dtype: DType, a: str, b: str) -> str:
+    def binary(self, op: Binop, dtype: DType, a: str, b: str, *, branchless: bool = False) -> str:
         if op is Binop.THREEFRY4X32:
             return f"{self.helper('ocannl_threefry4x32')}({a}, {b})"
         if op is Binop.UINT4X32_PACK:
@@ -229,9 +234,11 @@ class CFamilySyntax(Syntax):
         if op is Binop.UINT4X32_WORD:
             return f"({a}){self.lane_subscript.format(b)}"
         if op in _INFIX:
+            if dtype in _SIGNED and op is not Binop.DIV:
+                return self._wrapping(dtype, _INFIX[op], a, b)
             return f"({a} {_INFIX[op]} {b})"
         if op in _RULES or op in _SELECTS:
-            return f"{self.helper(self._rule_name(op, dtype), dtype)}({a}, {b})"
+            return f"{self.helper(self._rule_name(op, dtype, branchless), dtype)}({a}, {b})"
         t = self.compute_type(dtype)
         if op in _COMPARISONS:
             return self.convert(t, f"{a} {_COMPARISONS[op]} {b}", compound=True)
@@ -251,18 +258,31 @@ class CFamilySyntax(Syntax):
 
     def ternary(self, op: Ternop, dtype: DType, a: str, b: str, c: str) -> str:
         if op is Ternop.FMA:
-            return f"{self.math_function('fma', dtype)}({a}, {b}, {c})" if dtype.is_float else f"({a} * {b} + {c})"
+            if dtype.is_float:
+                return f"{self.math_function('fma', dtype)}({a}, {b}, {c})"
+            product = self._wrapping(dtype, "*", a, b) if dtype in _SIGNED else f"{a} * {b}"
+            return self._wrapping(dtype, "+", product, c) if dtype in _SIGNED else f"({product} + {c})"
         if op is Ternop.MUL3:
-            return f"({a} * {b} * {c})"
+            return self._wrapping(dtype, "*", a, b, c) if dtype in _SIGNED else f"({a} * {b} * {c})"
         raise AssertionError(f"{op.value} is missing from the {self.language} operator table")
+
+    def _wrapping(self, dtype: DType, infix: str, *operands: str) -> str:
+        """``operands`` joined by ``infix`` in the signed integer ``dtype``, wrapping around as the
+        interpreter does (docs/precisions.md, "Integer arithmetic"): computed in the unsigned type
+        of the same width, whose arithmetic is modulo 2**bits, and converted back. Signed
+        overflow is undefined behaviour in C and MSL; ``-fwrapv`` defines it for GCC and Clang
+        only, and not for the Metal compiler."""
+        unsigned = _unsigned(self, dtype)
+        terms = f" {infix} ".join(self.convert(unsigned, x) for x in operands)
+        return self.convert(self.compute_type(dtype), terms, compound=True)
 
     def where(self, cond: str, a: str, b: str) -> str:
         return f"({cond} ? {a} : {b})"
 
-    def _rule_name(self, op: Unop | Binop, dtype: DType) -> str:
-        """The helper of a rule operator: for a float select in a wide register tile
-        (``vector_tile``), the one that selects without a branch (``ocannl_max_blend``)."""
-        blend = op in _SELECTS and self.vector_tile and dtype.is_float
+    def _rule_name(self, op: Unop | Binop, dtype: DType, branchless: bool) -> str:
+        """The helper of a rule operator: for a float select where no chain runs
+        (``branchless``), the one that selects without a branch (``ocannl_max_blend``)."""
+        blend = op in _SELECTS and branchless and dtype.is_float
         return f"ocannl_{op.value}_blend" if blend else f"ocannl_{op.value}"
 
     def select(self, dtype: DType, cond: str, a: str, b: str) -> str:

@@ -1,50 +1,97 @@
 """The on-disk kernel cache the compiled backends share: where it lives, why what it holds can be
 trusted, and the steps that add to it (README, "Kernel cache and trust").
 
-**Where.** ``<root>/<backend>/...`` (``c``, ``c/probes``, ``metal``, ``triton``), where the root
-is the ``cache_dir`` setting (``OCANNL_CACHE_DIR``, or ``cache_dir=`` in ``ocannl_config``), else
-``$XDG_CACHE_HOME/ocannl``, else ``~/.cache/ocannl``.
+**Where.** ``<root>/<backend>/...`` (``c``, ``c/probes``, ``metal``, ``triton/autotune``), where
+the root is the ``cache_dir`` setting, else ``$XDG_CACHE_HOME/ocannl``, else ``~/.cache/ocannl``.
+``cache_dir`` comes from ``OCANNL_CACHE_DIR`` only, never from an ``ocannl_config`` file
+(``config.ENVIRONMENT_ONLY``): that file sits in the working directory, which may be a cloned
+repository, and a repository must not choose the folder ocannl loads code from.
 
 **Who may write it.** A library in the cache is code this process will load and run, so only the
 current user may be able to write there. The root and every directory of the cache must be owned
 by the current user and not writable by its group or others; every ancestor of the root must be
 owned by the current user or by root, and writable by nobody else unless it is sticky (as
-``/tmp``). Missing directories are created with mode 0700. A configured root that fails the check
-is not used: a :class:`CacheWarning` names it and the reason, and the default root is used
-instead; a default root that fails is replaced, also with a warning, by a private directory made
-for this process and removed at exit (pip disables its cache in the same situation). Because
-nobody but the current user can write in the cache, no other user can swap a file between the
-moment it is checked and the moment it is loaded.
+``/tmp``). The folders inside the root must be real directories, not links (a link would lead
+out of the checked root). Missing directories are created with mode 0700. A configured root that
+fails the check is not used: a :class:`CacheWarning` names it and the reason, and the default
+root is used instead; a default root that fails is replaced, also with a warning, by a private
+directory made for this process and removed at exit (pip disables its cache in the same
+situation).
 
-**What is checked.** A file is built into a temporary file beside its place; the sha256 of its
-bytes is written (atomically) to ``<file>.sha256``, then the file is renamed into place. A cached
-file is used only when its bytes match that digest. A missing, truncated, corrupted or mismatching
-entry (a crash mid-write, a full disk, a hand edit, a cache written by an older version) is
-rebuilt with a :class:`CacheWarning`, never loaded. Deleting the cache, even while a compiler
-writes into it, is always safe: the directories are made again and the build goes on.
+**What is checked: each entry is sealed to its key and to this user.** A file is built into a
+temporary file beside its place; its *record* is written (atomically) to ``<file>.sha256``, then
+the file is renamed into place. The record names the entry (its folder and file name, which hold
+the entry's key: the sha256 of the source, compiler and flags), the sha256 of its bytes, and a
+seal: an HMAC-SHA256 of both under a secret key of this user's. A cached file is used only when
+its record names it, its bytes match the digest and the seal verifies. So an entry copied over
+another key (both routines' libraries named alike), a record copied from another user's cache,
+or a cache shipped inside a cloned repository does not verify: it is rebuilt with a
+:class:`CacheWarning`, never loaded. So is a missing, truncated or corrupted entry (a crash
+mid-write, a full disk, a hand edit, a record of an older version).
+
+**The secret key** is 32 random bytes in ``secret`` (mode 0600) in the *default* root, made on
+first use. It is not kept in a configured root: whoever supplies a cache folder (a download, a
+repository) would supply its key with it. Deleting the default root makes a new key, and the
+entries of other roots are rebuilt once. Where the default root cannot be used (no home
+directory, an unsafe one) the key is made for the process only, with a warning: entries of
+earlier processes are then rebuilt. The seal protects against files someone else prepared, not
+against the user's own account: a program running as the user can read the key.
+
+**How a file is read.** Only regular files owned by the current user are read, opened without
+following links (``O_NOFOLLOW``, checked again on the open descriptor), never blocking on a
+FIFO, and at most :data:`MAX_ENTRY_BYTES` long (a link to ``/dev/zero`` or a FIFO is an entry
+to rebuild, not a hang or an exhausted memory). A library is loaded by its path
+(:func:`loading`): it is verified from an open descriptor, which is kept open, and the path must
+still name that same file (device and inode) just before it is loaded. Between that check and
+the load only a process of this user could replace the file (nobody else can write in the
+cache), and ocannl's own processes only ever rename complete, sealed entries into place.
+
+**Housekeeping.** A build killed mid-way (``kill -9``) leaves a temporary file: temporary files
+older than an hour are removed when a cache folder is next used (ocannl/tempfiles.py), and the
+compiler is started so that it dies with the process that started it (Linux). A compiler that
+fails because a write failed (a full disk, a quota, a file size limit) is a :class:`CacheError`,
+not a broken compiler: nothing is remembered, and the next compile tries again. Deleting the
+cache, even while a compiler writes into it, is always safe: the directories are made again and
+the build goes on.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import ctypes
+import errno
+import functools
 import hashlib
+import hmac
 import os
 import shlex
 import shutil
+import signal
 import stat
 import subprocess
+import sys
 import tempfile
 import threading
 import warnings
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from ocannl import config
 from ocannl.errors import BackendUnavailable, CompileError
+from ocannl.tempfiles import remove_stale_temporaries, temporary_beside, write_atomically
 
-FIX = "set OCANNL_CACHE_DIR (or cache_dir in ocannl_config) to a directory only you can write"
+FIX = "set OCANNL_CACHE_DIR to a directory only you can write"
 ATTEMPTS = 3
 """How many times a build starts over when the cache directory vanishes under it."""
+MAX_ENTRY_BYTES = 1 << 28
+"""The largest cache file read (256 MiB, far above any routine's library): a bigger one is not an
+entry ocannl wrote."""
+RECORD_BYTES = 1024
+RECORD_FORMAT = "ocannl-cache-record-1"
+"""The first word of a record; records of other versions (a bare digest) do not verify."""
+SECRET_FILE = "secret"
+SECRET_BYTES = 32
 
 
 class CacheError(BackendUnavailable):
@@ -57,8 +104,16 @@ class CacheWarning(UserWarning):
     """The cache was not used as found: an unsafe directory replaced, or an entry rebuilt."""
 
 
+class _Rejected(Exception):
+    """A cache file that is there but must not be used; the message says why."""
+
+
 _lock = threading.Lock()
 _private_root: Path | None = None
+_swept: set[Path] = set()
+"""The cache folders whose stale temporary files this process removed."""
+_process_secret = os.urandom(SECRET_BYTES)
+"""The secret key where the default root cannot keep one (module docstring)."""
 
 
 def root() -> Path:
@@ -92,55 +147,79 @@ def root() -> Path:
 
 
 def directory(*parts: str) -> Path:
-    """``<root>/<parts...>``, each directory created (mode 0700) and checked."""
+    """``<root>/<parts...>``, each directory created (mode 0700) and checked, none a link; its
+    stale temporary files removed, once per process."""
     base = root()
     path = base
     for part in parts:
         path = path / part
-        problem = _make_private(path)
+        problem = _make_private(path, follow_links=False)
         if problem is not None:
-            raise CacheError(f"the kernel cache directory {path} {problem}: make it private (`chmod 700 "
+            raise CacheError(f"the kernel cache directory {path} {problem}: make it a private directory (`chmod 700 "
                              f"{shlex.quote(str(path))}`) or remove it; or {FIX}")
+    with _lock:
+        sweep = path not in _swept
+        _swept.add(path)
+    if sweep:
+        remove_stale_temporaries(path)
     return path
 
 
-def digest_path(target: Path) -> Path:
-    """Where the sha256 of cache file ``target`` is recorded."""
+def record_path(target: Path) -> Path:
+    """Where the record of cache file ``target`` is kept (module docstring, "What is checked")."""
     return target.with_name(target.name + ".sha256")
 
 
 def verified(target: Path) -> bool:
-    """Whether ``target`` is in the cache exactly as built: its bytes match its recorded digest.
-    An entry that is there but does not match is reported (:class:`CacheWarning`) and ``False``,
-    so the caller rebuilds it."""
+    """Whether ``target`` is in the cache exactly as built for its key by this user (module
+    docstring). An entry that is there but does not verify is reported (:class:`CacheWarning`)
+    and ``False``, so the caller rebuilds it."""
+    return read_verified(target) is not None
+
+
+def read_verified(target: Path, limit: int = MAX_ENTRY_BYTES) -> bytes | None:
+    """The bytes of ``target`` when it verifies (:func:`verified`), else ``None``: absent, or
+    reported and to be rebuilt. What is returned is what was checked, read once."""
     try:
-        data = target.read_bytes()
+        with _verified_file(target, limit) as (data, _):
+            return data
     except FileNotFoundError:
-        return False
-    except OSError as e:
-        warnings.warn(CacheWarning(f"cannot read the cached {target} ({e.strerror}): rebuilding it"), stacklevel=2)
-        return False
-    try:
-        recorded = digest_path(target).read_text(encoding="ascii").strip()
-    except (OSError, UnicodeDecodeError):
-        recorded = None
-    if recorded == hashlib.sha256(data).hexdigest():
-        return True
-    reason = "has no recorded digest" if recorded is None else (
-        f"does not match its recorded digest ({len(data)} bytes: truncated or corrupted)")
-    warnings.warn(CacheWarning(f"the cached {target} {reason}: rebuilding it"), stacklevel=2)
-    return False
+        return None
+    except _Rejected as e:
+        warnings.warn(CacheWarning(f"the cached {target} {e}: rebuilding it"), stacklevel=3)
+        return None
+
+
+@contextlib.contextmanager
+def loading(target: Path) -> Iterator[None]:
+    """Around code that loads cache file ``target`` by its path (``dlopen``): on entry,
+    ``target`` verifies, is held open, and its path still names the file verified (module
+    docstring, "How a file is read"); else a :class:`CacheError`, and the body does not run."""
+    with contextlib.ExitStack() as stack:
+        try:
+            _, checked = stack.enter_context(_verified_file(target, MAX_ENTRY_BYTES))
+            now = os.lstat(target)
+        except FileNotFoundError:
+            raise CacheError(f"the cached {target} vanished as it was about to be loaded: is another program "
+                             f"deleting the kernel cache? {FIX}") from None
+        except _Rejected as e:
+            raise CacheError(f"not loading the cached {target}, which {e}: delete it and compile again (is "
+                             f"another program writing in the kernel cache?)") from None
+        if (now.st_dev, now.st_ino) != (checked.st_dev, checked.st_ino):
+            raise CacheError(f"the cached {target} was replaced as it was about to be loaded, so it is not: is another "
+                             f"program writing in the kernel cache? {FIX}")
+        yield
 
 
 def build_atomically(cmd: Sequence[str], source: str | None, target: Path, compiler: str) -> None:
     """Runs ``cmd`` (``source`` on its standard input), which writes its output where ``{tmp}``
-    stands: a temporary file beside ``target``. The output's digest is recorded and the file
+    stands: a temporary file beside ``target``. The output's record is written and the file
     renamed to ``target`` only once complete, so a concurrent process never loads a half-written
     file; concurrent builds of one entry each rename a complete file, and the last one stays.
 
     A compiler that fails, or exits successfully without writing anything, is a
-    :class:`CompileError`; a cache directory that vanishes meanwhile is made again and the build
-    starts over."""
+    :class:`CompileError`, unless what failed was a write (:class:`CacheError`); a cache
+    directory that vanishes meanwhile is made again and the build starts over."""
     for _ in range(ATTEMPTS):
         if _build_once(list(cmd), source, target, compiler):
             return
@@ -152,7 +231,7 @@ def build_atomically(cmd: Sequence[str], source: str | None, target: Path, compi
 def _build_once(cmd: list[str], source: str | None, target: Path, compiler: str) -> bool:
     """One attempt of :func:`build_atomically`; ``False`` when the directory was gone."""
     try:
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem[:16]}-", suffix=".tmp")
+        fd, tmp = temporary_beside(target)
     except FileNotFoundError:
         return False
     except OSError as e:
@@ -161,12 +240,19 @@ def _build_once(cmd: list[str], source: str | None, target: Path, compiler: str)
     try:
         run = [tmp if part == "{tmp}" else part for part in cmd]
         try:
-            result = subprocess.run(run, input=source, capture_output=True, text=True, timeout=600)
+            result = subprocess.run(run, input=source, capture_output=True, text=True, timeout=600,
+                                    **_dying_with_parent())
         except (OSError, subprocess.TimeoutExpired) as e:
             raise CompileError(f"running {compiler} failed: {e}") from None
         if not target.parent.is_dir():
             return False
         if result.returncode != 0:
+            failed_write = _failed_write(result)
+            if failed_write is not None:
+                raise CacheError(
+                    f"{compiler} could not write {target.name} into the kernel cache ({failed_write}): free space in "
+                    f"{target.parent} and the temporary directory, or {FIX}; the next compile tries again:\n"
+                    f"{result.stderr.strip()[:2000]}")
             raise CompileError(
                 f"`{shlex.join(run)}` failed with exit code {result.returncode}:\n{result.stderr.strip()[:6000]}"
             )
@@ -174,12 +260,13 @@ def _build_once(cmd: list[str], source: str | None, target: Path, compiler: str)
             data = Path(tmp).read_bytes()
             if not data:
                 raise CompileError(f"{compiler} exited successfully but wrote nothing: `{shlex.join(run)}`")
-            _write_atomically(digest_path(target), hashlib.sha256(data).hexdigest() + "\n")
+            write_atomically(record_path(target), _record(target, data).encode("ascii"))
             os.replace(tmp, target)
         except FileNotFoundError:
             return False
         except OSError as e:
-            raise CacheError(f"cannot write {target} into the kernel cache ({e.strerror}); {FIX}") from None
+            raise CacheError(f"cannot write {target} into the kernel cache ({e.strerror}); {FIX}; the next compile "
+                             f"tries again") from None
         return True
     finally:
         if os.path.exists(tmp):
@@ -188,24 +275,222 @@ def _build_once(cmd: list[str], source: str | None, target: Path, compiler: str)
 
 def write_verified(target: Path, text: str) -> None:
     """Add a small text entry (not code: a tuned configuration) to the cache as
-    :func:`build_atomically` adds a built file: its digest recorded first, then the file renamed
+    :func:`build_atomically` adds a built file: its record written first, then the file renamed
     into place, so :func:`verified` accepts it only once complete. ``text`` is ASCII."""
     try:
-        _write_atomically(digest_path(target), hashlib.sha256(text.encode("ascii")).hexdigest() + "\n")
-        _write_atomically(target, text)
+        write_atomically(record_path(target), _record(target, text.encode("ascii")).encode("ascii"))
+        write_atomically(target, text.encode("ascii"))
     except OSError as e:
         raise CacheError(f"cannot write {target} into the kernel cache ({e.strerror}); {FIX}") from None
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem[:16]}-", suffix=".tmp")
+_WRITE_FAILURES = tuple(os.strerror(code) for code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)) + (
+    (signal.strsignal(signal.SIGXFSZ),) if hasattr(signal, "SIGXFSZ") else ())
+"""How a compiler's messages say that a write failed (the C library's words, and the signal's)."""
+
+
+def _failed_write(result: subprocess.CompletedProcess) -> str | None:
+    """Why the compiler of ``result`` failed, when it was a write that failed (killed by the file
+    size limit, or saying a disk or quota is full); ``None`` for any other failure."""
+    if hasattr(signal, "SIGXFSZ") and result.returncode == -signal.SIGXFSZ:
+        return "the file size limit was exceeded"
+    return next((words for words in _WRITE_FAILURES if words in result.stderr), None)
+
+
+def _dying_with_parent() -> dict:
+    """``subprocess`` options under which a compiler is killed when the thread that started it
+    dies (Linux's ``PR_SET_PDEATHSIG``): a ``kill -9`` of ocannl then leaves no compiler running
+    on, writing into the cache. Elsewhere, none. The compiler driver gets the signal; the passes
+    it runs (``cc1``, ``as``, ``ld``) end with their input."""
+    prctl = _prctl()
+    if prctl is None:
+        return {}
+    parent = os.getpid()
+
+    def die_with_parent() -> None:  # in the child, between fork and exec
+        prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before the signal was asked for
+            os._exit(1)
+
+    return {"preexec_fn": die_with_parent}
+
+
+@functools.cache
+def _prctl():
+    if not sys.platform.startswith("linux"):
+        return None
     try:
-        with os.fdopen(fd, "w", encoding="ascii") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    return prctl
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a cache file, and its record
+
+
+def entry_name(target: Path) -> str:
+    """What a record names: the entry's folder and file name (``c/<key>.so``), which hold its key;
+    not the root, so a cache moved as a whole stays valid."""
+    return f"{target.parent.name}/{target.name}"
+
+
+def _record(target: Path, data: bytes) -> str:
+    name, digest = entry_name(target), hashlib.sha256(data).hexdigest()
+    return f"{RECORD_FORMAT} {name} {digest} {_seal(name, digest)}\n"
+
+
+def _seal(name: str, digest: str) -> str:
+    message = f"{RECORD_FORMAT}\0{name}\0{digest}".encode()
+    return hmac.new(_secret(), message, hashlib.sha256).hexdigest()
+
+
+@contextlib.contextmanager
+def _verified_file(target: Path, limit: int) -> Iterator[tuple[bytes, os.stat_result]]:
+    """``target``'s bytes and status, its file held open, when its record names it, matches its
+    bytes and is sealed with this user's key; :class:`_Rejected` saying why not, or
+    ``FileNotFoundError`` when it is absent."""
+    with _opened(target, limit) as (data, info):
+        try:
+            with _opened(record_path(target), RECORD_BYTES) as (record, _):
+                pass
+        except FileNotFoundError:
+            raise _Rejected("has no record of its digest") from None
+        problem = _record_problem(entry_name(target), data, record)
+        if problem is not None:
+            raise _Rejected(problem)
+        yield data, info
+
+
+def _record_problem(name: str, data: bytes, record: bytes) -> str | None:
+    try:
+        words = record.decode("ascii").split()
+    except UnicodeDecodeError:
+        words = []
+    if len(words) != 4 or words[0] != RECORD_FORMAT:
+        return "has a record ocannl did not write (or an older version did)"
+    _, recorded_name, recorded_digest, seal = words
+    if recorded_name != name:
+        return f"has the record of {recorded_name}, another entry: a file copied from another key"
+    digest = hashlib.sha256(data).hexdigest()
+    if recorded_digest != digest:
+        return f"does not match its recorded digest ({len(data)} bytes: truncated or corrupted)"
+    if not hmac.compare_digest(seal, _seal(name, digest)):
+        return "has a record not sealed with this user's cache key: copied from another cache or another user's"
+    return None
+
+
+@contextlib.contextmanager
+def _opened(path: Path, limit: int) -> Iterator[tuple[bytes, os.stat_result]]:
+    """The bytes and status of ``path``, held open: a regular file of the current user, at most
+    ``limit`` bytes, opened without following links or blocking (module docstring, "How a file
+    is read"); :class:`_Rejected` when it is something else, ``FileNotFoundError`` when absent."""
+    try:
+        problem = _file_problem(os.lstat(path), path, limit)
+        if problem is not None:
+            raise _Rejected(problem)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+                     | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise
+    except OSError as e:  # no permission; ELOOP: made a link since lstat
+        raise _Rejected(f"cannot be read ({e.strerror})") from None
+    try:
+        info = os.fstat(fd)
+        problem = _file_problem(info, path, limit)
+        if problem is not None:
+            raise _Rejected(problem)
+        data = _read_at_most(fd, limit)
+    except OSError as e:
+        os.close(fd)
+        raise _Rejected(f"cannot be read ({e.strerror})") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        yield data, info
     finally:
-        if os.path.exists(tmp):
+        os.close(fd)
+
+
+def _read_at_most(fd: int, limit: int) -> bytes:
+    """The rest of ``fd``'s file; :class:`_Rejected` when that is more than ``limit`` bytes (a
+    file that grew since its size was checked)."""
+    chunks, size = [], 0
+    while size <= limit:
+        chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    if size > limit:
+        raise _Rejected(f"is larger than {limit} bytes")
+    return b"".join(chunks)
+
+
+def _file_problem(info: os.stat_result, path: Path, limit: int) -> str | None:
+    """Why a file of status ``info`` is not one to read from the cache, or ``None``."""
+    if stat.S_ISLNK(info.st_mode):
+        return f"is a symbolic link (to {os.readlink(path)})"
+    if not stat.S_ISREG(info.st_mode):
+        return f"is not a regular file (mode {stat.filemode(info.st_mode)})"
+    if _uid() is not None and info.st_uid != _uid():
+        return f"belongs to another user (uid {info.st_uid})"
+    if info.st_size > limit:
+        return f"is larger than {limit} bytes ({info.st_size})"
+    return None
+
+
+_secret_warned = False
+
+
+def _secret() -> bytes:
+    """This user's key for sealing records (module docstring, "The secret key"): read from the
+    default root, made there on first use; the process's own where that root cannot be used."""
+    global _secret_warned
+    try:
+        home = _default_root()
+        problem = _ancestors_problem(home) or _make_private(home)
+        if problem is None:
+            return _read_or_make_secret(home / SECRET_FILE)
+        problem = f"{home} {problem}"
+    except (RuntimeError, CacheError, OSError) as e:  # no home directory, or none that can be made
+        problem = str(e)
+    if not _secret_warned:
+        _secret_warned = True
+        warnings.warn(CacheWarning(f"no private place for the kernel cache's secret key ({problem}): using one "
+                                   f"for this process, so entries other processes built are rebuilt"), stacklevel=3)
+    return _process_secret
+
+
+def _read_or_make_secret(path: Path) -> bytes:
+    """The key in ``path``; a fresh one when there is none or it is not a private file of
+    ``SECRET_BYTES`` bytes (replaced with a warning: every entry then rebuilds)."""
+    for _ in range(ATTEMPTS):
+        try:
+            with _opened(path, SECRET_BYTES) as (key, info):
+                if len(key) == SECRET_BYTES and not info.st_mode & 0o077:
+                    return key
+            raise _Rejected("is not a private file of 32 bytes")
+        except FileNotFoundError:
+            pass
+        except _Rejected as e:
+            warnings.warn(CacheWarning(f"the kernel cache's secret key {path} {e}: replacing it, so every cached entry "
+                                       f"is rebuilt"), stacklevel=4)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        fd, tmp = temporary_beside(path)  # mode 0600
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(os.urandom(SECRET_BYTES))
+            with contextlib.suppress(FileExistsError):  # another process made one meanwhile: use it
+                os.link(tmp, path)
+        finally:
             os.unlink(tmp)
+    raise OSError(f"{path} keeps changing")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -251,15 +536,18 @@ def _uid() -> int | None:
     return os.geteuid() if hasattr(os, "geteuid") else None
 
 
-def _make_private(path: Path) -> str | None:
+def _make_private(path: Path, follow_links: bool = True) -> str | None:
     """Creates ``path`` and its missing parents with mode 0700; then why ``path`` may not hold
-    code (another owner, writable by others), or ``None``. :class:`CacheError` when it cannot be
-    created or is not a directory."""
+    code (another owner, writable by others; a link, unless ``follow_links``: the root may be
+    one, its ancestors being checked where it leads, its folders may not), or ``None``.
+    :class:`CacheError` when it cannot be created or is not a directory."""
     _make_private_parents(path)
     try:
-        info = path.stat()
+        info = os.stat(path, follow_symlinks=follow_links)
     except OSError as e:  # removed again meanwhile
         raise CacheError(f"cannot use the kernel cache directory {path} ({e.strerror}): {FIX}") from None
+    if stat.S_ISLNK(info.st_mode):
+        return f"is a symbolic link (to {os.readlink(path)}), where the cache's folders must be directories"
     if _uid() is None:
         return None
     if info.st_uid != _uid():

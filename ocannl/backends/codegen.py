@@ -47,6 +47,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Protocol
 
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.analysis import affine_form, provably_within, row_major_strides
+from ocannl.lowlevel.cost import timed_statements
 from ocannl.lowlevel.dtypes import DType
 from ocannl.lowlevel.identifiers import Namespace, comment_text
 from ocannl.lowlevel.indexing import Affine, AnySymbol, AxisIndex, Fixed, IndexSymbol, Iter, Symbol, index_symbols
@@ -57,21 +58,14 @@ from ocannl.lowlevel.ir import (
 )
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
 from ocannl.lowlevel.cpu_schedule import (
-    PARALLEL_MIN_WORK, TILE_PARALLEL_MIN_WORK, ContractionPlan, GemmPlan, MicroKernel, leaf_terms, parallel_safe,
-    plan_contraction, store_ordered_nest, work,
+    ContractionPlan, GemmPlan, MicroKernel, NestPlan, TileNest, gemm_with_epilogue, plan_contraction, plan_loop,
+    plan_nest, vector_factors,
 )
 from ocannl.lowlevel.tnode import TNode
 
 PART_STATEMENTS = 32
 """Top-level statements per part of a long routine (:meth:`Emitter.body`): enough that the parts'
 calls cost nothing next to their work, few enough that the C compiler's time stays linear."""
-
-VECTOR_TILE_COLUMNS = 4
-"""Columns of a register tile (cells at consecutive offsets) from which its selects print
-without branches (``Syntax.vector_tile``): four floats, the narrowest vector. The CNN step of
-bench/cpu_steps.py (tiles of 8 columns) gains from it; the transformer step's 2 x 1 tiles of a
-maximum over a row lose 8% to it."""
-
 
 class Syntax(abc.ABC):
     """The table of a C-family language: everything the walk prints that is not structure.
@@ -83,13 +77,6 @@ class Syntax(abc.ABC):
     index_type = "int"
     index_dtype = dtypes.int32
     """The type of loop indices and offsets, in the language and as a precision."""
-    vector_tile = False
-    """Whether the walk is printing code without a chain from one value to the next: the cells
-    of a register tile of at least :data:`VECTOR_TILE_COLUMNS` columns, or a nest storing one
-    cell per iteration (``cpu_schedule.store_ordered_nest``); it sets this around
-    them. There a language may print selects its own way, without branches, which the C
-    compiler vectorizes. A narrower tile's cells are a few serial chains, better served by
-    branches."""
     restrict = "restrict"
 
     @abc.abstractmethod
@@ -105,12 +92,13 @@ class Syntax(abc.ABC):
         ...
 
     @abc.abstractmethod
-    def unary(self, op: Unop, dtype: DType, x: str) -> str:
-        ...
+    def unary(self, op: Unop, dtype: DType, x: str, *, branchless: bool = False) -> str:
+        """``op x``. ``branchless``: no chain runs from one value to the next where it is printed
+        (``cpu_schedule.NestPlan.branchless``), so a select may print without a branch."""
 
     @abc.abstractmethod
-    def binary(self, op: Binop, dtype: DType, a: str, b: str) -> str:
-        ...
+    def binary(self, op: Binop, dtype: DType, a: str, b: str, *, branchless: bool = False) -> str:
+        """``a op b``; ``branchless`` as for :meth:`unary`."""
 
     @abc.abstractmethod
     def int_division(self, op: Binop, dtype: DType, a: str, b: str, site: int) -> str:
@@ -288,6 +276,7 @@ class Emitter:
         self._env: dict[Symbol, tuple[str | None, int]] = {}
         self._statement: Stmt | None = None
         self._in_parallel = False
+        self._branchless = False  # NestPlan.branchless of the nest being printed, or of one around it
         self._in_scope = 0
         self._temps = 0
         self._declared: set[Local] = set()
@@ -298,7 +287,7 @@ class Emitter:
     def line(self, text: str) -> None:
         self._out.lines.append("  " * self._depth + text)
 
-    def body(self) -> list[str]:
+    def body(self, around: Callable[[int], tuple[str, str]] | None = None) -> list[str]:
         """The lines of the routine's body (indented one level).
 
         Through ``nest_function``, the body is a list of calls of helper functions: each
@@ -307,9 +296,26 @@ class Emitter:
         function each. The C compiler then optimizes many short functions instead of one as long
         as the routine: the time its optimizer takes grows faster than linearly in the length of
         a function (alias queries between memory accesses, register allocation across a long
-        sequence of calls), and a training routine holds a few nests per layer."""
+        sequence of calls), and a training routine holds a few nests per layer.
+
+        ``around(k)`` gives a line to print before and one after the ``k``-th of the routine's
+        :func:`~ocannl.lowlevel.cost.timed_statements` (a profile's timer); the body is then
+        printed without parts."""
         top = list(self.routine.body.stmts) if isinstance(self.routine.body, Seq) else [self.routine.body]
-        if self.nest_function is None:
+        if around is not None:
+            timed = {id(s): k for k, s in enumerate(timed_statements(self.routine.body))}
+            for s in top:
+                k = timed.get(id(s))
+                before, after = ("", "") if k is None else around(k)
+                if before:
+                    self.line(before)
+                if self.nest_function is None:
+                    self.stmt(s)
+                else:
+                    self.statements([s])
+                if after:
+                    self.line(after)
+        elif self.nest_function is None:
             self.stmt(self.routine.body)
         elif len(top) <= PART_STATEMENTS or any(isinstance(s, DeclareLocal) for s in top):
             self.statements(top)
@@ -320,9 +326,14 @@ class Emitter:
         return self._out.lines
 
     def statements(self, stmts: list[Stmt]) -> None:
-        """Prints ``stmts``, each self-contained loop nest as a helper function (:meth:`body`)."""
+        """Prints ``stmts``, each self-contained loop nest as a helper function (:meth:`body`); a
+        GEMM-class product inlined into its consumer as the GEMM, then the consumer
+        (:func:`~ocannl.lowlevel.cpu_schedule.gemm_with_epilogue`)."""
         for s in stmts:
-            if (
+            split = gemm_with_epilogue(s, self._vector_bytes) if self.gemm and isinstance(s, For) else None
+            if split is not None:
+                self.statements([part for part in split if part is not None])
+            elif (
                 isinstance(s, For)
                 and _self_contained(s)
                 # a contraction is a tile function already
@@ -462,33 +473,26 @@ class Emitter:
         self.line("}")
 
     def for_loop(self, loop: For) -> None:
-        if not self._in_scope and self._env == {}:
-            plan = plan_contraction(loop, self._vector_bytes)
-            if plan is not None:
-                # A wide tile's cells are straight-line code: selects print without branches.
-                wide, self.syntax.vector_tile = self.syntax.vector_tile, plan.nr >= VECTOR_TILE_COLUMNS
-                try:
-                    self.contraction(plan)
-                finally:
-                    self.syntax.vector_tile = wide
-                return
-            ordered = store_ordered_nest(loop)
-            if ordered is not None:
-                # No chain runs from one iteration to the next: selects print without branches.
-                wide, self.syntax.vector_tile = self.syntax.vector_tile, True
-                try:
-                    self._loop(ordered)
-                finally:
-                    self.syntax.vector_tile = wide
-                return
-        self._loop(loop)
+        """Prints ``loop`` as its :class:`~ocannl.lowlevel.cpu_schedule.NestPlan` says (inside
+        a local scope or a tile: as it is, :func:`~ocannl.lowlevel.cpu_schedule.plan_loop`)."""
+        threads = self.parallel and not self._in_parallel and not self._in_scope
+        if self._in_scope or self._env:
+            self._loop(plan_loop(loop, threads))
+            return
+        plan = plan_nest(loop, self._vector_bytes, threads)
+        branchless, self._branchless = self._branchless, self._branchless or plan.branchless
+        try:
+            if plan.contraction is not None:
+                self.contraction(plan)
+            else:
+                self._loop(plan)
+        finally:
+            self._branchless = branchless
 
-    def _loop(self, loop: For) -> None:
-        """Prints ``loop`` as it is, with the parallel pragma where its work is worth threads."""
-        pragma = None
-        if self.parallel and not self._in_parallel and not self._in_scope and work(loop) >= PARALLEL_MIN_WORK:
-            if parallel_safe(loop):
-                pragma = self.syntax.parallel_for(1)
+    def _loop(self, plan: NestPlan) -> None:
+        """Prints ``plan.nest``'s loop, with the parallel pragma where the plan runs it on threads."""
+        loop = plan.nest
+        pragma = self.syntax.parallel_for(1) if plan.parallel else None
         if pragma:
             self.line(pragma)
         var = self.namer.symbol(loop.symbol)
@@ -507,14 +511,16 @@ class Emitter:
 
     # -- contractions ----------------------------------------------------------------------------
 
-    def contraction(self, plan: ContractionPlan) -> None:
-        """Prints a contraction as register tiles (see :func:`plan_contraction`); through
-        ``tile_function`` the tiles live in a helper function the body calls.
+    def contraction(self, nest: NestPlan) -> None:
+        """Prints a contraction as register tiles or a packed GEMM (``nest.contraction``, see
+        :func:`plan_contraction`); through ``tile_function`` the tiles live in a helper function
+        the body calls.
 
         A reset of the cells (``out[I] := 0.0`` before the sum, :attr:`ContractionPlan.reset`)
         prints no store: where the cell's first step would read it back, the accumulator starts
         from the reset value instead (:meth:`_reset_value`), so each cell is written once, at the
         end of its tile, and its bits are those of the reset and the sum in their order."""
+        plan = nest.contraction
         saved_out, saved_depth = self._out, self._depth
         self._out, self._depth = _Output(), 1 if self.tile_function else self._depth
         self._statement = plan.store
@@ -544,9 +550,9 @@ class Emitter:
         if packed:
             self._gemm(plan, plan.gemm)
         elif plan.blocks is not None:
-            self._block_contraction(plan)
+            self._block_contraction(plan, nest.tile_nests)
         else:
-            self._loop_order_contraction(plan)
+            self._loop_order_contraction(plan, nest.tile_nests[0])
         lines, self._out, self._depth = self._out.lines, saved_out, saved_depth
         if self.tile_function is None:
             self._out.lines.extend(lines)
@@ -557,18 +563,18 @@ class Emitter:
         self.functions.append(wrap(self, name, params, lines))
         self.line(f"{name}({', '.join(args)});")
 
-    def _block_contraction(self, plan: ContractionPlan) -> None:
+    def _block_contraction(self, plan: ContractionPlan, groups: tuple[tuple[TileNest, ...], ...]) -> None:
         """The tiles of a reduction in blocks: the outermost loop of each top-level statement
         of ``plan.blocks`` runs around the tiles (a block of operands stays in cache while every
-        tile uses it), the rest inside them (:meth:`_tile_blocks`)."""
+        tile uses it), the rest inside them (:meth:`_tile_blocks`). ``groups``: the nests of
+        tiles of each top-level statement (``NestPlan.tile_nests``)."""
         it = self.syntax.index_type
         if plan.scope is not None:  # the sum lives in the tile's registers until the cell's store
-            for row_range in _ranges(plan.rows, plan.mr):
-                for col_range in _ranges(plan.cols, plan.nr):
-                    self._tile_nest(plan, row_range, col_range, plan.blocks)
+            for tiles in groups[0]:
+                self._tile_nest(plan, tiles, plan.blocks)
             return
         tops = plan.blocks.stmts if isinstance(plan.blocks, Seq) else (plan.blocks,)
-        for n_top, top in enumerate(tops):
+        for n_top, (top, group) in enumerate(zip(tops, groups, strict=True)):
             inner = top
             # The conditions under which a leaf adds the cell's first block (None: never).
             fresh: tuple[str, ...] | None = () if n_top == 0 and plan.reset is not None else None
@@ -579,18 +585,16 @@ class Emitter:
                 self._extents[top.symbol] = top.extent
                 inner = top.body
                 fresh = None if fresh is None else (f"{var} == 0",)
-            for row_range in _ranges(plan.rows, plan.mr):
-                for col_range in _ranges(plan.cols, plan.nr):
-                    self._tile_nest(plan, row_range, col_range, inner, fresh,
-                                    top.extent if isinstance(top, For) else 1)
+            for tiles in group:
+                self._tile_nest(plan, tiles, inner, fresh)
             if isinstance(top, For):
                 del self._extents[top.symbol]
                 self._depth -= 1
                 self.line("}")
 
-    def _loop_order_contraction(self, plan: ContractionPlan) -> None:
-        """The tiles of a reduction in loop order, its first loop in cache blocks of
-        ``plan.block`` steps."""
+    def _loop_order_contraction(self, plan: ContractionPlan, group: tuple[TileNest, ...]) -> None:
+        """The tiles of a reduction in loop order (the nests of ``group``), its first loop in
+        cache blocks of ``plan.block`` steps."""
         it = self.syntax.index_type
         first, first_extent = plan.reductions[0]
         k = self.namer.symbol(first)
@@ -602,9 +606,8 @@ class Emitter:
                 self.line(
                     f"const {it} _end_{k} = _{k} + {plan.block} < {first_extent} ? _{k} + {plan.block} : {first_extent};"
                 )
-        for row_range in _ranges(plan.rows, plan.mr):
-            for col_range in _ranges(plan.cols, plan.nr):
-                self._tile_nest(plan, row_range, col_range, around=-(-first_extent // plan.block) if blocked else 1)
+        for tiles in group:
+            self._tile_nest(plan, tiles)
         if blocked:
             self._depth -= 1
             self.line("}")
@@ -638,7 +641,7 @@ class Emitter:
             self.functions.append(gemm.kernel(shape))
         extents = dict((*g.rows, *g.cols, *g.k, *g.outer))
         self._extents.update(extents)
-        parallel = self.parallel and not self._in_parallel and g.parallel
+        parallel = g.parallel
         zero, real = syn.literal(0.0, dtypes.float32), syn.compute_type(dtypes.float32)
         # The micro-kernel's fresh and start arguments: the cells' reset on the first panel.
         resets = plan.reset is not None and plan.scope is None
@@ -790,7 +793,7 @@ class Emitter:
                 rows = f"(({m} + _ru - 1) / _ru + {mr - 1}) / {mr} * {mr}"  # whole tiles
                 cols = f"(({n} + _cu - 1) / _cu + {nr - 1}) / {nr} * {nr}"  # whole strips
                 self.line(f"const {it} _mu = _nt == 1 ? {m} : {rows}, _nb = _nt == 1 || {cols} > {nc} ? {nc} : {cols};")
-                self.line(f"/* units of columns and rows, each packing its own panels; no thread waits for another */")
+                self.line("/* units of columns and rows, each packing its own panels; no thread waits for another */")
                 self.line(gemm.work_shared_for(len(loops)))
             else:
                 self.line(f"const {it} _mu = {m}, _nb = {nc};")
@@ -838,15 +841,11 @@ class Emitter:
         const = "" if node in self.written else "const "
         return f"{const}{self.syntax.storage_type(node.dtype)} *{self.syntax.restrict} {self.nodes[node]}"
 
-    def _tile_nest(self, plan: ContractionPlan, rows: tuple, cols: tuple, blocks: Stmt | None = None,
-                   fresh: tuple[str, ...] | None = None, around: int = 1) -> None:
-        """One nest of equal tiles: ``rows``/``cols`` are ``("loop", stop, step)`` (tiles at
-        ``0, step, ... < stop``) or ``("at", start, size)`` (one tile); ``blocks``: the part of
-        ``plan.blocks`` each tile runs, ``fresh`` the conditions under which its first leaf adds
-        the cell's first block (:meth:`_tile_blocks`); ``around``: the iterations of the loops
-        printed around the nest (cache blocks of the reduction), which share its terms. The
-        nest runs on threads when its own share of the work is worth it
-        (:data:`~ocannl.lowlevel.cpu_schedule.TILE_PARALLEL_MIN_WORK`)."""
+    def _tile_nest(self, plan: ContractionPlan, tiles: TileNest, blocks: Stmt | None = None,
+                   fresh: tuple[str, ...] | None = None) -> None:
+        """One nest of equal tiles (``tiles``, on threads where it says so); ``blocks``: the part
+        of ``plan.blocks`` each tile runs, ``fresh`` the conditions under which its first leaf
+        adds the cell's first block (:meth:`_tile_blocks`)."""
         it = self.syntax.index_type
         loops: list[str] = []
         env: dict[Symbol, tuple[str | None, int]] = {}
@@ -855,29 +854,19 @@ class Emitter:
             if any(s is o for o, _ in plan.outer):
                 var = self.namer.symbol(s)
                 loops.append(f"for ({it} {var} = 0; {var} < {n}; ++{var}) {{")
-        sizes = []
-        for axis, rng in ((plan.rows, rows), (plan.cols, cols)):
+        for axis, span in ((plan.rows, tiles.rows), (plan.cols, tiles.cols)):
             if axis is None:
-                sizes.append(1)
                 continue
             s, n = axis
             extents[s] = n
-            if rng[0] == "loop":
+            if span.looped:
                 base = f"_{self.namer.symbol(s)}"
-                loops.append(f"for ({it} {base} = 0; {base} < {rng[1]}; {base} += {rng[2]}) {{")
+                loops.append(f"for ({it} {base} = 0; {base} < {span.stop}; {base} += {span.size}) {{")
                 env[s] = (base, 0)
-                sizes.append(rng[2])
             else:
-                env[s] = (None, rng[1])
-                sizes.append(rng[2])
-        mr, nr = sizes
-        spans = [rng[1] if rng[0] == "loop" else rng[2] for axis, rng in ((plan.rows, rows), (plan.cols, cols))
-                 if axis is not None]
-        n_cells = math.prod(n for _, n in plan.outer) * math.prod(spans)
-        terms = plan.work // math.prod(n for _, n in plan.parallel)
-        pragma = None
-        if self.parallel and not self._in_parallel and loops and n_cells * terms >= TILE_PARALLEL_MIN_WORK * around:
-            pragma = self.syntax.parallel_for(len(loops))
+                env[s] = (None, span.start)
+        mr, nr = tiles.rows.size, tiles.cols.size
+        pragma = self.syntax.parallel_for(len(loops)) if tiles.parallel else None
         if pragma:
             self.line(pragma)
         for text in loops or ["{"]:
@@ -894,7 +883,7 @@ class Emitter:
                     e[axis[0]] = (base, start + offset)
             return e
 
-        lanes = self._tile_lanes(plan, nr, blocks)
+        lanes = tiles.lanes
         if lanes:
             self._declare_vector_type(lanes)
         if blocks is not None and plan.scope is not None:
@@ -923,7 +912,7 @@ class Emitter:
     def _tile_loop_order(self, plan: ContractionPlan, cells: list[tuple[int, int]], cell_env: Callable,
                          lanes: int | None = None) -> None:
         """A tile's cells accumulated in registers from their first value, in loop order (in
-        vectors of ``lanes`` cells of a row when set, :meth:`_tile_lanes`)."""
+        vectors of ``lanes`` cells of a row when set, ``cpu_schedule.tile_lanes``)."""
         it = self.syntax.index_type
         out, idx = plan.store.tnode, plan.store.indices
         acc_dtype = plan.accumulator_dtype
@@ -964,7 +953,7 @@ class Emitter:
             for r, q in cells:
                 self._env = cell_env(r, q)
                 term = self.expr(plan.term)
-                value = self.syntax.binary(plan.op, acc_dtype, acc(r, q), term)
+                value = self.syntax.binary(plan.op, acc_dtype, acc(r, q), term, branchless=self._branchless)
                 if plan.scope is None and out.dtype.compute is not out.dtype:  # each step rounds, as a store
                     value = self.syntax.from_storage(out.dtype, self.syntax.to_storage(out.dtype, value))
                 self.line(f"{acc(r, q)} = {value};")
@@ -1072,7 +1061,8 @@ class Emitter:
                 case SetLocal(value=Binary(op=op, b=term)):
                     for r, q in cells:
                         self._env = cell_env(r, q)
-                        self.line(f"_b{level}_{r}_{q} = {self.syntax.binary(op, dtype, f'_b{level}_{r}_{q}', self.expr(term))};")
+                        step = self.syntax.binary(op, dtype, f"_b{level}_{r}_{q}", self.expr(term), branchless=self._branchless)
+                        self.line(f"_b{level}_{r}_{q} = {step};")
                     self._env = {}
 
         walk(block.body)
@@ -1090,7 +1080,7 @@ class Emitter:
 
     def _tile_block_sum_vector(self, plan: ContractionPlan, block: LocalScope, cells: list[tuple[int, int]],
                                cell_env: Callable, lanes: int) -> None:
-        """:meth:`_tile_block_sum` in vectors of ``lanes`` cells of a row (:meth:`_tile_lanes`):
+        """:meth:`_tile_block_sum` in vectors of ``lanes`` cells of a row (``cpu_schedule.tile_lanes``):
         the same sums lane by lane, each block of blocks summed from zero and added as it is
         done; the block's sums are then the scalars ``_b0_<r>_<q>`` the caller adds to the cells."""
         rows, nv = _vector_shape(cells, lanes)
@@ -1127,40 +1117,12 @@ class Emitter:
         for r, q in cells:
             self.line(f"{dtype} _b0_{r}_{q} = _vb0_{r}_{q // lanes}[{q % lanes}];")
 
-    def _tile_lanes(self, plan: ContractionPlan, nr: int, blocks: Stmt | None) -> int | None:
-        """The cells of a tile's row that one vector holds, when the tile runs in the target's
-        vector registers (a target with a :class:`GemmTarget`), else ``None``.
-
-        A compiler's own vectorizer misses many tiles (a stride between the columns of an
-        operand, a ``where`` around the term): the walk then writes the vectors itself. Each
-        step of a row is ``acc = acc + x * y`` on vectors: ``x`` a value of the row (read once,
-        broadcast), ``y`` a vector of the row's columns (one load where they are adjacent,
-        else built lane by lane), and, for a term ``where(c, x * y, k)`` whose test ``c`` reads
-        no column, ``acc + (c ? x * y : k)``. Every lane adds its cell's own terms, each
-        product and sum rounded once as the interpreter rounds them (``-ffp-contract=off``), in
-        the same order: the bits do not change. Float32 cells and terms, a sum, ``nr`` a
-        multiple of a vector of at least 4 lanes."""
-        if not self._vector_bytes or plan.cols is None or plan.op is not Binop.ADD:
-            return None
-        if plan.accumulator_dtype is not dtypes.float32 or plan.store.tnode.dtype is not dtypes.float32:
-            return None
-        lanes = self._vector_bytes // 4
-        while lanes > nr or nr % lanes:
-            lanes //= 2
-        if lanes < 4:
-            return None
-        terms = [plan.term] if blocks is None else leaf_terms(blocks)
-        row = plan.rows[0] if plan.rows is not None else None
-        if not terms or any(_vector_factors(t, row, plan.cols[0]) is None for t in terms):
-            return None
-        return lanes
-
     def _vector_step(self, plan: ContractionPlan, term: Expr, acc: Callable[[int, int], str],
                      cells: list[tuple[int, int]], cell_env: Callable, lanes: int) -> None:
-        """One step of a vector tile (:meth:`_tile_lanes`): each row's accumulators ``acc(r,
-        v)`` (vector ``v`` of the row) add the row's term."""
+        """One step of a vector tile (``cpu_schedule.tile_lanes``): each row's accumulators
+        ``acc(r, v)`` (vector ``v`` of the row) add the row's term."""
         row = plan.rows[0] if plan.rows is not None else None
-        test, x, y, x_first, other = _vector_factors(term, row, plan.cols[0])
+        test, x, y, x_first, other = vector_factors(term, row, plan.cols[0])
         vector = self.gemm.vector_type(lanes)
         rows, nv = _vector_shape(cells, lanes)
         for v in range(nv):
@@ -1233,14 +1195,14 @@ class Emitter:
             case LoadDynamic(tnode=node, axis=axis, position=position, indices=indices):
                 return syn.from_storage(node.dtype, self.access(node, indices, dynamic=(axis, position)))
             case Unary(op=op, x=x):
-                return syn.unary(op, e.dtype, self.expr(x))
+                return syn.unary(op, e.dtype, self.expr(x), branchless=self._branchless)
             case Binary(op=op, a=a, b=b):
                 left, right = self.expr(a), self.expr(b)
                 if op in (Binop.DIV, Binop.MOD) and not e.dtype.is_float:
                     where = format_stmt(self._statement, self.namer) if self._statement else "?"
                     site = self.site("division", f"integer {op.value} by zero in `{where}`")
                     return syn.int_division(op, e.dtype, left, right, site)
-                return syn.binary(op, e.dtype, left, right)
+                return syn.binary(op, e.dtype, left, right, branchless=self._branchless)
             case Ternary(op=Ternop.WHERE, a=a, b=b, c=c):
                 return self.where(a, b, c)
             case Ternary(op=op, a=a, b=b, c=c):
@@ -1410,34 +1372,6 @@ def _vector_shape(cells: list[tuple[int, int]], lanes: int) -> tuple[int, int]:
     return max(r for r, _ in cells) + 1, max(q for _, q in cells) // lanes + 1
 
 
-def _vector_factors(
-    term: Expr, row: Symbol | None, col: Symbol
-) -> tuple[Expr | None, Load, Load, bool, float] | None:
-    """``(test, x, y, x_first, other)`` of a term ``x * y`` (``x_first``) or ``y * x``, or
-    ``where(test, that, other)`` for a constant ``other``, where ``x`` and ``test`` read no
-    column and ``y`` no row: float32 loads, a test free of locals. ``None`` otherwise."""
-    test, other = None, 0.0
-    if isinstance(term, Ternary) and term.op is Ternop.WHERE and isinstance(term.c, Const):
-        test, other, term = term.a, term.c.value, term.b
-        if any(isinstance(e, (LocalScope, GetLocal, LoadDynamic)) for e in iter_exprs(test)):
-            return None
-        if col in _symbols_read(test):
-            return None
-    if not (isinstance(term, Binary) and term.op is Binop.MUL and term.dtype is dtypes.float32):
-        return None
-    for x, y, x_first in ((term.a, term.b, True), (term.b, term.a, False)):
-        if not all(isinstance(f, Load) and f.tnode.dtype is dtypes.float32 for f in (x, y)):
-            return None
-        if col not in _symbols_read(x) and col in _symbols_read(y) and (row is None or row not in _symbols_read(y)):
-            return test, x, y, x_first, other
-    return None
-
-
-def _symbols_read(e: Expr) -> set[AnySymbol]:
-    return {s for x in iter_exprs(e) if isinstance(x, (Load, LoadDynamic)) for i in x.indices for s in index_symbols(i)} | {
-        s for x in iter_exprs(e) if isinstance(x, EmbedIndex) for s in index_symbols(x.index)}
-
-
 def _reads_memory(e: Expr) -> bool:
     """Whether ``e`` reads a buffer or a local (its value depends on data, not only on the
     loop indices)."""
@@ -1464,21 +1398,6 @@ def _digits(loops: tuple[tuple[Symbol, int], ...], flat: str) -> dict[Symbol, tu
 
 def _scaled(stride: int, text: str) -> str:
     return text if stride == 1 else f"{stride}*{text}"
-
-
-def _ranges(axis: tuple[Symbol, int] | None, size: int) -> list[tuple]:
-    """The tile ranges along one axis: full tiles as a loop, then one narrower tile for the
-    remainder."""
-    if axis is None:
-        return [("at", 0, 1)]
-    n = axis[1]
-    full = n - n % size
-    ranges: list[tuple] = []
-    if full:
-        ranges.append(("loop", full, size) if full > size else ("at", 0, size))
-    if n % size:
-        ranges.append(("at", full, n % size))
-    return ranges
 
 
 def _zero(dtype: DType) -> float | int | tuple[int, int, int, int]:

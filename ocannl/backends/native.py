@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ocannl.errors import KernelMemoryError, OutOfBoundsError
+from ocannl.errors import IntegerDivisionError, KernelMemoryError, OutOfBoundsError
 from ocannl.lowlevel.ir import RoutineIR
 from ocannl.lowlevel.tnode import TNode
 
@@ -39,7 +39,7 @@ def raise_for_status(status: int, sites: Sequence) -> None:
         return
     site = sites[status - 1]
     if site.kind == "division":
-        raise ZeroDivisionError(site.message)
+        raise IntegerDivisionError(site.message)
     if site.kind == "memory":
         raise KernelMemoryError(site.message)
     raise OutOfBoundsError(site.message)

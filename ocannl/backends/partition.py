@@ -82,7 +82,7 @@ Consecutive fills form one kernel of their own.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Iterator
+from typing import AbstractSet, Iterable, Iterator
 
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.analysis import Access, accesses, expr_symbols, indices_symbols, loop_chain
@@ -105,7 +105,7 @@ def scatter_add_nodes(stmt: Stmt) -> frozenset[TNode]:
     found: set[TNode] = set()
     other: set[TNode] = set()
     for s in iter_stmts(stmt):
-        if isinstance(s, StoreDynamic) and _scatter_add_value(s) is not None:
+        if isinstance(s, StoreDynamic) and scatter_add_value(s) is not None:
             found.add(s.tnode)
     for a in accesses(stmt):
         if a.node in found:
@@ -123,7 +123,7 @@ def scatter_add_nodes(stmt: Stmt) -> frozenset[TNode]:
     return frozenset(ok)
 
 
-def _scatter_add_value(s: StoreDynamic) -> Expr | None:
+def scatter_add_value(s: StoreDynamic) -> Expr | None:
     """The added value ``v`` of a scatter-add ``t[@(p), J] := t[@(p), J] + v``, else ``None``."""
     match s.value:
         case Binary(op=Binop.ADD, a=LoadDynamic() as old, b=v) | Binary(op=Binop.ADD, a=v, b=LoadDynamic() as old):
@@ -135,8 +135,8 @@ def _scatter_add_value(s: StoreDynamic) -> Expr | None:
 
 def _non_atomic_accesses(s: Stmt, node: TNode) -> Iterator[Access]:
     """The accesses of ``node`` by statement ``s`` itself that are not part of a scatter-add."""
-    if isinstance(s, StoreDynamic) and s.tnode is node and _scatter_add_value(s) is not None:
-        exprs: tuple[Expr, ...] = (s.position, _scatter_add_value(s))
+    if isinstance(s, StoreDynamic) and s.tnode is node and scatter_add_value(s) is not None:
+        exprs: tuple[Expr, ...] = (s.position, scatter_add_value(s))
     else:
         exprs = stmt_exprs(s)
         if isinstance(s, (Store, StoreDynamic)) and s.tnode is node:
@@ -164,46 +164,120 @@ def axis_positions(access: Access, symbol: AnySymbol) -> frozenset[int]:
     return frozenset(k for k, idx in enumerate(access.indices) if idx == Iter(symbol))
 
 
+@dataclass(frozen=True)
+class Footprint:
+    """The nodes a statement accesses, found once per statement: the partitioner consults them at
+    every kernel it tries the statement in, and walking the statement each time made partitioning
+    a routine of many statements quadratic."""
+
+    accesses: tuple[Access, ...]
+    """Its loads and stores, fills aside (:func:`~ocannl.lowlevel.analysis.accesses`)."""
+    reads: frozenset[TNode]
+    stores: frozenset[TNode]
+    """The nodes it stores into (plainly or by scatter-adds)."""
+    writes: frozenset[TNode]
+    """The nodes it stores into or fills."""
+
+    @staticmethod
+    def of(stmt: Stmt) -> Footprint:
+        found = tuple(accesses(stmt))
+        stores = frozenset(a.node for a in found if a.write)
+        filled = frozenset(s.tnode for s in iter_stmts(stmt) if isinstance(s, Fill))
+        return Footprint(found, frozenset(a.node for a in found if not a.write), stores, stores | filled)
+
+
+class SignatureRule:
+    """The signature rule (module docstring) over statements added one at a time, each checked in
+    time proportional to its own accesses, not the kernel's: the nodes written so far, those
+    updated atomically and those accessed plainly, and for every node the array axes at which
+    each plain access so far has each grid axis's bare index (the rule holds while that is a
+    common axis, for every axis, for every written node)."""
+
+    def __init__(self, n_axes: int):
+        self.n_axes = n_axes
+        self.written: set[TNode] = set()
+        self.atomic: set[TNode] = set()
+        self.plain: set[TNode] = set()
+        self.common: dict[TNode, tuple[frozenset[int], ...]] = {}
+        self.holds = True
+
+    def admit(self, footprint: Footprint, grid: tuple[Symbol, ...], scatter: frozenset[TNode]) -> bool:
+        """Adds a statement (its grid loops, one per axis, and its atomically updated nodes) if
+        the rule holds with it; else leaves the rule as it was and returns ``False``."""
+        common = self._check(footprint, grid, scatter)
+        if common is None:
+            return False
+        self._add(footprint, scatter, common)
+        return True
+
+    def record(self, footprint: Footprint, grid: tuple[Symbol, ...], scatter: frozenset[TNode]) -> None:
+        """Adds a statement whether or not the rule holds with it (a statement pinned to its kernel
+        by a local): if it does not, no later statement is admitted, as none would have been had
+        the rule been checked over the whole kernel."""
+        common = self._check(footprint, grid, scatter)
+        if common is None:
+            self.holds = False
+            common = self._intersected(footprint, grid, scatter)
+        self._add(footprint, scatter, common)
+
+    def _intersected(self, footprint: Footprint, grid: tuple[Symbol, ...],
+                     scatter: frozenset[TNode]) -> dict[TNode, tuple[frozenset[int], ...]]:
+        """The common axes of the nodes the statement accesses plainly, with its accesses."""
+        common: dict[TNode, tuple[frozenset[int], ...]] = {}
+        for a in footprint.accesses:
+            if a.node in scatter:
+                continue
+            positions = tuple(axis_positions(a, grid[t]) for t in range(self.n_axes))
+            before = common.get(a.node, self.common.get(a.node))
+            common[a.node] = positions if before is None else tuple(p & q for p, q in zip(before, positions))
+        return common
+
+    def _check(self, footprint: Footprint, grid: tuple[Symbol, ...],
+               scatter: frozenset[TNode]) -> dict[TNode, tuple[frozenset[int], ...]] | None:
+        """The updated common axes if the rule holds with the statement, else ``None``."""
+        if not self.holds:
+            return None
+        plain = {a.node for a in footprint.accesses if a.node not in scatter}
+        if not scatter.isdisjoint(self.plain) or not self.atomic.isdisjoint(plain):
+            return None  # updated atomically by one statement, accessed plainly by another
+        common = self._intersected(footprint, grid, scatter)
+        for node, positions in common.items():
+            if (node in self.written or node in footprint.writes) and not all(positions):
+                return None
+        for node in footprint.writes:
+            if node not in common and not all(self.common.get(node, ())):
+                return None  # written now, accessed before through another index pattern
+        return common
+
+    def _add(self, footprint: Footprint, scatter: frozenset[TNode],
+             common: dict[TNode, tuple[frozenset[int], ...]]) -> None:
+        self.written |= footprint.writes
+        self.atomic |= scatter
+        self.plain.update(a.node for a in footprint.accesses if a.node not in scatter)
+        self.common.update(common)
+
+
 def signature_ok(statements: Iterable[tuple[Stmt, tuple[Symbol, ...], frozenset[TNode]]], n_axes: int) -> bool:
     """The signature rule (module docstring): each statement comes with its grid loops (one per
     kernel axis) and its atomically updated nodes."""
-    statements = list(statements)
-    written: set[TNode] = set()
-    atomic: set[TNode] = set()
-    for stmt, _, scatter in statements:
-        atomic |= scatter
-        written |= {a.node for a in accesses(stmt) if a.write}
-        written |= {s.tnode for s in iter_stmts(stmt) if isinstance(s, Fill)}
-    for stmt, _, scatter in statements:
-        for a in accesses(stmt):
-            if a.node in atomic and a.node not in scatter:
-                return False  # updated atomically by one statement, accessed plainly by another
-    common: dict[TNode, list[frozenset[int]]] = {}
-    for stmt, grid, scatter in statements:
-        for a in accesses(stmt):
-            if a.node not in written or a.node in scatter:
-                continue
-            positions = [axis_positions(a, grid[t]) for t in range(n_axes)]
-            if a.node not in common:
-                common[a.node] = positions
-            else:
-                common[a.node] = [p & q for p, q in zip(common[a.node], positions)]
-            if any(not p for p in common[a.node]):
-                return False
-    return True
+    rule = SignatureRule(n_axes)
+    return all(rule.admit(Footprint.of(stmt), grid, scatter) for stmt, grid, scatter in statements)
 
 
 def grid_candidates(stmt: Stmt) -> list[For]:
     """The loops of ``stmt``'s outer perfect chain that may run as grid axes, in chain order."""
+    return _grid_candidates(stmt, Footprint.of(stmt), scatter_add_nodes(stmt))
+
+
+def _grid_candidates(stmt: Stmt, footprint: Footprint, scatter: frozenset[TNode]) -> list[For]:
     chain, _ = loop_chain(stmt)
-    scatter = scatter_add_nodes(stmt)
     out = []
     for loop in chain:
         if loop.extent < 1 or _sets_outer_local(loop):
             continue
-        if not any(a.write for a in accesses(stmt)) and not scatter:
+        if not footprint.stores and not scatter:
             continue
-        if signature_ok([(stmt, (loop.symbol,), scatter)], 1):
+        if SignatureRule(1).admit(footprint, (loop.symbol,), scatter):
             out.append(loop)
     return out
 
@@ -357,19 +431,22 @@ def _columns_last(c: Contraction, stmt: Stmt, grid: tuple[Symbol, ...]) -> Contr
 class Part:
     """One top-level statement of a kernel: ``grid`` are its loops running as the kernel's grid
     axes (one per axis, in axis order), ``body`` what each grid point runs (the statement without
-    those loops), ``scatter`` the nodes it updates with atomic adds."""
+    those loops), ``scatter`` the nodes it updates with atomic adds, ``footprint`` the nodes it
+    accesses."""
 
     stmt: Stmt
     grid: tuple[Symbol, ...]
     body: Stmt
     scatter: frozenset[TNode]
+    footprint: Footprint = field(compare=False, repr=False)
 
 
 @dataclass
 class Kernel:
     """A run of top-level statements launched as one Triton kernel. ``tiling`` is ``"flat"``
     (grid points flattened into one tiled axis), ``"dot"`` (a contraction: row x column tiles)
-    or ``"fill"`` (whole-buffer fills)."""
+    or ``"fill"`` (whole-buffer fills). Parts join through :meth:`add`, which keeps the nodes
+    read and written and the signature rule up to date."""
 
     tiling: str
     extents: tuple[int, ...]
@@ -378,29 +455,84 @@ class Kernel:
     comments: list[str] = field(default_factory=list)
     locals: set = field(default_factory=set)
     """Locals declared by a top-level statement of the kernel."""
+    reads: set[TNode] = field(init=False, default_factory=set, compare=False, repr=False)
+    """The nodes its parts read."""
+    writes: set[TNode] = field(init=False, default_factory=set, compare=False, repr=False)
+    """The nodes its parts store into or fill."""
+    rule: SignatureRule = field(init=False, compare=False, repr=False)
+    """The signature rule over its parts, on its grid axes."""
+
+    def __post_init__(self) -> None:
+        parts, self.parts = self.parts, []
+        self.rule = SignatureRule(len(self.extents))
+        for part in parts:
+            self.add(part, checked=False)
 
     @property
     def fills(self) -> list[Fill]:
         return [p.stmt for p in self.parts if isinstance(p.stmt, Fill)]
 
-    def writes(self) -> set[TNode]:
-        out: set[TNode] = set()
-        for p in self.parts:
-            out |= {a.node for a in accesses(p.stmt) if a.write}
-            out |= {s.tnode for s in iter_stmts(p.stmt) if isinstance(s, Fill)}
-        return out
+    def add(self, part: Part, comments: Iterable[str] = (), *, checked: bool = True) -> bool:
+        """Appends ``part`` if the signature rule holds with it (``checked``; else in any case: a
+        statement pinned to the kernel by a local)."""
+        if checked:
+            if not self.rule.admit(part.footprint, part.grid, part.scatter):
+                return False
+        else:
+            self.rule.record(part.footprint, part.grid, part.scatter)
+        self._append(part, comments)
+        return True
+
+    def shorten(self, m: int, part: Part, comments: list[str]) -> bool:
+        """Runs the kernel on its first ``m`` grid axes, the others inside each program, and
+        appends ``part`` (its ``m`` grid loops), if the signature rule holds for all on them."""
+        shortened = [replace(p, grid=p.grid[:m], body=without_loops(p.stmt, p.grid[:m])) for p in self.parts]
+        if not all(_stages(p.body) for p in shortened + [part]):
+            return False
+        rule = SignatureRule(m)
+        if not all(rule.admit(p.footprint, p.grid, p.scatter) for p in shortened + [part]):
+            return False
+        self.parts, self.extents, self.rule = shortened, self.extents[:m], rule
+        self._append(part, comments)
+        return True
+
+    def _append(self, part: Part, comments: Iterable[str]) -> None:
+        self.parts.append(part)
+        self.reads |= part.footprint.reads
+        self.writes |= part.footprint.writes
+        self.comments.extend(comments)
 
 
-def _place(stmt: Stmt, loops: list[For]) -> Part:
-    grid = tuple(loop.symbol for loop in loops)
-    return Part(stmt, grid, without_loops(stmt, grid), scatter_add_nodes(stmt))
+@dataclass(frozen=True)
+class _Candidate:
+    """A top-level statement about to join a kernel, with what every kernel it is tried in asks
+    of it, found once: its grid candidates, its contraction over them, its atomically updated
+    nodes and the nodes it accesses."""
+
+    stmt: Stmt
+    loops: tuple[For, ...]
+    contraction: Contraction | None
+    scatter: frozenset[TNode]
+    footprint: Footprint = field(compare=False, repr=False)
+
+    @staticmethod
+    def of(stmt: Stmt) -> _Candidate:
+        footprint, scatter = Footprint.of(stmt), scatter_add_nodes(stmt)
+        if isinstance(stmt, (Fill, DeclareLocal, SetLocal)):
+            return _Candidate(stmt, (), None, frozenset() if isinstance(stmt, Fill) else scatter, footprint)
+        loops = tuple(_grid_candidates(stmt, footprint, scatter))
+        contraction = find_contraction(stmt, tuple(loop.symbol for loop in loops)) if loops else None
+        return _Candidate(stmt, loops, contraction, scatter, footprint)
+
+    def part(self, loops: Iterable[For] = ()) -> Part:
+        """The statement run with ``loops`` as grid loops (a fill: as it is)."""
+        if isinstance(self.stmt, Fill):
+            return Part(self.stmt, (), self.stmt, frozenset(), self.footprint)
+        grid = tuple(loop.symbol for loop in loops)
+        return Part(self.stmt, grid, without_loops(self.stmt, grid), self.scatter, self.footprint)
 
 
-def _reads(stmt: Stmt) -> set[TNode]:
-    return {a.node for a in accesses(stmt) if not a.write}
-
-
-def _extents(loops: list[For]) -> tuple[int, ...]:
+def _extents(loops: Iterable[For]) -> tuple[int, ...]:
     return tuple(loop.extent for loop in loops)
 
 
@@ -408,6 +540,7 @@ def partition(body: Stmt) -> list[Kernel]:
     """The kernels of a routine body, in launch order (module docstring)."""
     statements = [s for s in (body.stmts if isinstance(body, Seq) else (body,)) if s != Seq(())]
     last_use = _last_uses(statements)
+    top_locals = set(last_use)
     kernels: list[Kernel] = []
     comments: list[str] = []
     current: Kernel | None = None
@@ -415,14 +548,14 @@ def partition(body: Stmt) -> list[Kernel]:
         if isinstance(stmt, Comment):
             comments.append(stmt.text)
             continue
+        candidate = _Candidate.of(stmt)
         pinned = current is not None and any(last_use.get(local, -1) >= position for local in current.locals)
         if pinned:
             # A local declared at the top level lives in one kernel: its users join it.
-            current.parts.append(_place(stmt, []) if not isinstance(stmt, Fill) else Part(stmt, (), stmt, frozenset()))
-            current.comments.extend(comments)
-        elif current is None or not _join(current, stmt, comments):
-            if not _hoist(kernels, stmt, comments, set(last_use)):
-                current = _new_kernel(stmt, comments)
+            current.add(candidate.part(), comments, checked=False)
+        elif current is None or not _join(current, candidate, comments):
+            if not _hoist(kernels, candidate, comments, top_locals):
+                current = _new_kernel(candidate, comments)
                 kernels.append(current)
         if isinstance(stmt, DeclareLocal):
             current.locals.add(stmt.local)
@@ -432,21 +565,19 @@ def partition(body: Stmt) -> list[Kernel]:
     return kernels
 
 
-def _hoist(kernels: list[Kernel], stmt: Stmt, comments: list[str], top_locals: set) -> bool:
-    """Add ``stmt`` to an earlier kernel than the last (module docstring, "Moving a statement
+def _hoist(kernels: list[Kernel], candidate: _Candidate, comments: list[str], top_locals: set) -> bool:
+    """Add a statement to an earlier kernel than the last (module docstring, "Moving a statement
     up"): the latest one it may join, provided it conflicts with no kernel after that one."""
+    stmt = candidate.stmt
     if isinstance(stmt, (DeclareLocal, SetLocal)) or any(
             isinstance(x, GetLocal) and x.local in top_locals for s in iter_stmts(stmt) for e in stmt_exprs(s)
             for x in iter_exprs(e)):
         return False  # a top-level local lives in the kernel of its declaration
-    reads, writes = set(), set()
-    for a in accesses(stmt, fills=True):
-        (writes if a.write else reads).add(a.node)
-    nodes = (frozenset(reads), frozenset(writes))
+    nodes = (candidate.footprint.reads, candidate.footprint.writes)
     for j in range(len(kernels) - 2, -1, -1):
         if conflicts(nodes, kernel_nodes(kernels[j + 1])):
             return False
-        if _join(kernels[j], stmt, comments):
+        if _join(kernels[j], candidate, comments):
             return True
     return False
 
@@ -465,64 +596,54 @@ def _last_uses(statements: list[Stmt]) -> dict:
     return out
 
 
-def _new_kernel(stmt: Stmt, comments: list[str]) -> Kernel:
-    if isinstance(stmt, Fill):
-        k = Kernel("fill", (), [Part(stmt, (), stmt, frozenset())])
-    elif isinstance(stmt, (DeclareLocal, SetLocal)):
-        k = Kernel("flat", (), [_place(stmt, [])])
+def _new_kernel(candidate: _Candidate, comments: list[str]) -> Kernel:
+    if isinstance(candidate.stmt, Fill):
+        k = Kernel("fill", (), [candidate.part()])
+    elif isinstance(candidate.stmt, (DeclareLocal, SetLocal)):
+        k = Kernel("flat", (), [candidate.part()])
     else:
-        loops = grid_candidates(stmt)
-        contraction = find_contraction(stmt, tuple(loop.symbol for loop in loops)) if loops else None
-        k = Kernel("dot" if contraction else "flat", _extents(loops), [_place(stmt, loops)], contraction)
+        loops = candidate.loops
+        k = Kernel("dot" if candidate.contraction else "flat", _extents(loops), [candidate.part(loops)],
+                   candidate.contraction)
     k.comments.extend(comments)
     return k
 
 
-def _join(kernel: Kernel, stmt: Stmt, comments: list[str]) -> bool:
-    """Add ``stmt`` to ``kernel`` if the rules of the module docstring allow it."""
+def _join(kernel: Kernel, candidate: _Candidate, comments: list[str]) -> bool:
+    """Add a statement to ``kernel`` if the rules of the module docstring allow it."""
+    stmt = candidate.stmt
     if kernel.tiling == "fill" or isinstance(stmt, Fill):
         if kernel.tiling != "fill" or not isinstance(stmt, Fill):
             return False
-        kernel.parts.append(Part(stmt, (), stmt, frozenset()))
-        kernel.comments.extend(comments)
-        return True
+        return kernel.add(candidate.part(), comments, checked=False)
     if isinstance(stmt, (DeclareLocal, SetLocal)):
         if kernel.tiling != "flat" or kernel.extents:
             return False
-        return _append(kernel, _place(stmt, []), comments)
-    loops = grid_candidates(stmt)
+        return kernel.add(candidate.part(), comments)
+    loops = candidate.loops
     n = len(kernel.extents)
-    depends = bool(_reads(stmt) & kernel.writes()) or bool(_writes_read(kernel, stmt))
-    own_contraction = find_contraction(stmt, tuple(loop.symbol for loop in loops)) if loops else None
+    footprint = candidate.footprint
+    # A read of what the kernel writes, or a write of what it reads.
+    depends = not footprint.reads.isdisjoint(kernel.writes) or not footprint.stores.isdisjoint(kernel.reads)
     if kernel.tiling == "dot":
-        if _extents(loops) != kernel.extents or own_contraction is not None:
+        if _extents(loops) != kernel.extents or candidate.contraction is not None:
             return False
-        part = _place(stmt, loops)
+        part = candidate.part(loops)
         if any(isinstance(s, For) for s in iter_stmts(part.body)):
             return False
-        return _append(kernel, part, comments)
+        return kernel.add(part, comments)
     if _extents(loops) == kernel.extents:
-        if own_contraction is not None:
+        if candidate.contraction is not None:
             return False
-        return _append(kernel, _place(stmt, loops), comments)
-    if not depends or own_contraction is not None:
+        return kernel.add(candidate.part(loops), comments)
+    if not depends or candidate.contraction is not None:
         return False
     if len(loops) > n >= 1 and _extents(loops[:n]) == kernel.extents:
-        part = _place(stmt, loops[:n])
-        return _stages(part.body) and _append(kernel, part, comments)
+        part = candidate.part(loops[:n])
+        return _stages(part.body) and kernel.add(part, comments)
     m = len(loops)
     if 1 <= m < n and kernel.extents[:m] == _extents(loops):
-        shortened = [Part(p.stmt, p.grid[:m], without_loops(p.stmt, p.grid[:m]), p.scatter) for p in kernel.parts]
-        part = _place(stmt, loops)
-        if not all(_stages(p.body) for p in shortened + [part]):
-            return False
-        if not signature_ok([(p.stmt, p.grid, p.scatter) for p in shortened + [part]], m):
-            return False
-        kernel.parts[:] = shortened
-        kernel.extents = kernel.extents[:m]
-        kernel.parts.append(part)
-        kernel.comments.extend(comments)
-        return True
+        return kernel.shorten(m, candidate.part(loops), comments)
     return False
 
 
@@ -541,23 +662,6 @@ def _nests_loop(body: Stmt) -> bool:
     if isinstance(body, For):
         return True
     return isinstance(body, Seq) and any(_nests_loop(s) for s in body.stmts)
-
-
-def _writes_read(kernel: Kernel, stmt: Stmt) -> set[TNode]:
-    """Nodes ``stmt`` writes that the kernel reads (a write-after-read dependence)."""
-    read = set().union(*(_reads(p.stmt) for p in kernel.parts))
-    return {a.node for a in accesses(stmt) if a.write} & read
-
-
-def _append(kernel: Kernel, part: Part, comments: list[str]) -> bool:
-    n = len(kernel.extents)
-    if not signature_ok([(p.stmt, p.grid, p.scatter) for p in kernel.parts + [part]], n):
-        return False
-    kernel.parts.append(part)
-    kernel.comments.extend(comments)
-    return True
-
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -579,21 +683,17 @@ class Launch:
         return tuple(k for segment in self.segments for k in segment)
 
 
-def kernel_nodes(kernel: Kernel) -> tuple[frozenset[TNode], frozenset[TNode]]:
-    """The nodes ``kernel`` reads and those it writes (fills and atomic updates included)."""
-    reads: set[TNode] = set()
-    writes: set[TNode] = set()
-    for p in kernel.parts:
-        for a in accesses(p.stmt, fills=True):
-            (writes if a.write else reads).add(a.node)
-    return frozenset(reads), frozenset(writes)
+def kernel_nodes(kernel: Kernel) -> tuple[AbstractSet[TNode], AbstractSet[TNode]]:
+    """The nodes ``kernel`` reads and those it writes (fills and atomic updates included): the
+    kernel's own sets, not to be changed."""
+    return kernel.reads, kernel.writes
 
 
-def conflicts(a: tuple[frozenset[TNode], frozenset[TNode]], b: tuple[frozenset[TNode], frozenset[TNode]]) -> bool:
+def conflicts(a: tuple[AbstractSet[TNode], AbstractSet[TNode]], b: tuple[AbstractSet[TNode], AbstractSet[TNode]]) -> bool:
     """Whether two kernels, given by :func:`kernel_nodes`, must keep their order: one writes a
     node the other reads or writes."""
     (reads_a, writes_a), (reads_b, writes_b) = a, b
-    return bool(writes_a & (reads_b | writes_b) or writes_b & reads_a)
+    return not (writes_a.isdisjoint(reads_b) and writes_a.isdisjoint(writes_b) and writes_b.isdisjoint(reads_a))
 
 
 def group(kernels: list[Kernel], programs: list[int]) -> list[Launch]:

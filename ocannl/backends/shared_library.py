@@ -6,6 +6,10 @@ hyperparameter search, a test suite) would keep every library mapped forever. A
 from it keeps it alive, so the code cannot be unmapped while anything can still call it. Two
 loads of one path share one mapping (the dynamic loader counts them); it goes when both are
 closed.
+
+Only a verified entry of the kernel cache is loaded: :func:`ocannl.backends.cache.loading`
+checks the file, holds it open and makes sure its path still names it when the dynamic loader
+opens it, so the code that runs is the code that was verified.
 """
 
 from __future__ import annotations
@@ -17,18 +21,21 @@ from typing import Sequence
 
 import _ctypes
 
+from ocannl.backends import cache
 from ocannl.errors import CompileError
 
 _close = getattr(_ctypes, "dlclose", None) or getattr(_ctypes, "FreeLibrary")
 
 
 class SharedLibrary:
-    """``path`` loaded (``compiler`` names what built it, for messages)."""
+    """``path``, a file of the kernel cache, verified and loaded (``compiler`` names what built
+    it, for messages); a :class:`~ocannl.backends.cache.CacheError` when it does not verify."""
 
     def __init__(self, path: Path, compiler: str):
         self.path = Path(path)
         try:
-            self._cdll = ctypes.CDLL(str(path))
+            with cache.loading(self.path):
+                self._cdll = ctypes.CDLL(str(path))
         except OSError as e:
             raise CompileError(f"{compiler} built {path}, which cannot be loaded: {e}") from None
         self._unload = weakref.finalize(self, _close, self._cdll._handle)

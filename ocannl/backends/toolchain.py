@@ -14,12 +14,16 @@ computes the expected value: a command that exits 0 without compiling (``CC=true
 something else is refused. The verdict, the toolchain or the :class:`BackendUnavailable`
 saying why there is none, is remembered per backend, compiler command, identity of the
 compiler's executable (reinstalling or replacing it probes again), backend settings and cache
-directory. A problem of the cache itself is not remembered: it is the user's to fix, and the
-next call sees the fix. A compiler that is not found is looked for again on every call.
+directory. A problem of the cache itself (an unusable folder, a write that failed on a full
+disk) is not remembered: it is the user's to fix, and the next call sees the fix. A compiler that
+is not found is looked for again on every call.
 
 **Building.** A shared library is ``<directory>/<key>.so`` with ``key`` the sha256 of the source,
 the compiler's path, command line and version and the flags (:func:`cache_key`), built by
-``cache.build_atomically`` (a cache file is complete and verified, or absent).
+``cache.build_atomically`` (a cache file is complete and sealed to its key, or absent) and
+loaded only once verified (``SharedLibrary``). The key is predictable (a probe's depends only on
+the compiler and flags), which is why what a cache entry holds is trusted by its seal, never by
+its name.
 """
 
 from __future__ import annotations

@@ -15,9 +15,15 @@ ways, each here:
 * its **range**: :func:`index_range` over given loop ranges (index symbols within their declared
   size, as every run checks) and :func:`provably_within`, whether an index stays inside an axis
   over given loop extents -- what lets an interpreter or an emitter drop a bounds check;
-* the **accesses** of a statement (:class:`Access`, :func:`accesses`): which node, at which
-  indices, read or written -- what dependence tests and kernel grouping are built on -- and its
-  perfect :func:`loop_chain`.
+* what a statement or an expression **reads, writes and binds**, local scope bodies included
+  (:func:`all_stmts` and :func:`all_exprs` walk into them, where :func:`~ocannl.lowlevel.ir.iter_exprs`
+  stops): the nodes (:func:`nodes_read`, :func:`nodes_written`), the locals
+  (:func:`locals_read`, :func:`locals_written`, :func:`locals_bound`, :func:`sets_outer_local`);
+* the **accesses** of a statement or an expression (:class:`Access`, :func:`accesses`): which
+  node, at which indices, read or written -- what dependence tests and kernel grouping are built
+  on -- and a nest's perfect :func:`loop_chain`;
+* whether a run **can fail** a run-time check (:func:`can_fail`), and what a failed run may have
+  written (:func:`writes_before_failure`).
 
 Keeping one definition matters beyond tidiness: the interpreter, which is the reference, and the
 compiled backends must agree on which accesses are checked and how offsets are formed, or the
@@ -27,16 +33,24 @@ same program would fault on one backend and not another.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Mapping
+from typing import Iterable, Iterator, Mapping, get_args
 
 from ocannl.lowlevel.indexing import Affine, AnySymbol, AxisIndex, Fixed, IndexSymbol, Iter, index_bounds, index_symbols
 from ocannl.lowlevel.ir import (
+    Binary,
+    Const,
     EmbedIndex,
     Expr,
+    DeclareLocal,
     Fill,
     For,
+    GetLocal,
     Load,
     LoadDynamic,
+    Local,
+    LocalScope,
+    Seq,
+    SetLocal,
     Stmt,
     Store,
     StoreDynamic,
@@ -44,6 +58,7 @@ from ocannl.lowlevel.ir import (
     iter_stmts,
     stmt_exprs,
 )
+from ocannl.lowlevel.scalar_ops import Binop
 from ocannl.lowlevel.tnode import TNode
 
 Terms = tuple[tuple[int, AnySymbol], ...]
@@ -185,6 +200,72 @@ def range_within(interval: tuple[int, int] | None, dim: int) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
+# Reads, writes and bindings, local scopes included
+
+_STMT_TYPES = get_args(Stmt)
+
+
+def all_stmts(node: Stmt | Expr) -> Iterator[Stmt]:
+    """Every statement ``node`` runs, local scope bodies included, in program order: a statement
+    and those nested in it (:func:`~ocannl.lowlevel.ir.iter_stmts`), or the statements of an
+    expression's local scopes."""
+    if isinstance(node, _STMT_TYPES):
+        yield from iter_stmts(node)
+        return
+    for sub in iter_exprs(node):
+        if isinstance(sub, LocalScope):
+            yield from iter_stmts(sub.body)
+
+
+def all_exprs(node: Stmt | Expr) -> Iterator[Expr]:
+    """Every expression ``node`` evaluates, with its sub-expressions and the expressions of its
+    local scope bodies, in program order. :func:`~ocannl.lowlevel.ir.iter_exprs` stops at a
+    local scope, as an emitter printing one expression wants; what an expression reads or binds
+    must count its scopes too."""
+    if not isinstance(node, _STMT_TYPES):
+        yield from iter_exprs(node)
+    for s in all_stmts(node):
+        for e in stmt_exprs(s):
+            yield from iter_exprs(e)
+
+
+def nodes_read(node: Stmt | Expr) -> set[TNode]:
+    """The nodes ``node`` loads from."""
+    return {e.tnode for e in all_exprs(node) if isinstance(e, (Load, LoadDynamic))}
+
+
+def nodes_written(node: Stmt | Expr) -> set[TNode]:
+    """The nodes ``node`` stores into or fills."""
+    return {s.tnode for s in all_stmts(node) if isinstance(s, (Store, StoreDynamic, Fill))}
+
+
+def locals_read(node: Stmt | Expr) -> set[Local]:
+    """The locals whose value ``node`` reads."""
+    return {e.local for e in all_exprs(node) if isinstance(e, GetLocal)}
+
+
+def locals_bound(node: Stmt | Expr) -> set[Local]:
+    """The locals whose lifetime starts inside ``node``: declared there, or bound by one of its
+    local scopes. Each run of ``node`` starts them afresh."""
+    bound = {s.local for s in all_stmts(node) if isinstance(s, DeclareLocal)}
+    bound.update(e.local for e in all_exprs(node) if isinstance(e, LocalScope))
+    return bound
+
+
+def locals_written(node: Stmt | Expr) -> set[Local]:
+    """The locals ``node`` assigns, declares or binds: a statement between two reads of one of
+    them may change what the second reads."""
+    return {s.local for s in all_stmts(node) if isinstance(s, SetLocal)} | locals_bound(node)
+
+
+def sets_outer_local(stmt: Stmt) -> bool:
+    """Whether ``stmt`` sets a local it does not bind (a reduction into a local): one run of it,
+    a loop's iteration, then passes a value to the next, so iterations cannot run apart."""
+    bound = locals_bound(stmt)
+    return any(isinstance(s, SetLocal) and s.local not in bound for s in all_stmts(stmt))
+
+
+# ---------------------------------------------------------------------------------------------
 # Accesses
 
 
@@ -202,17 +283,24 @@ def _with_dynamic(axis: int, indices: tuple[AxisIndex, ...]) -> tuple[AxisIndex 
     return indices[:axis] + (None,) + indices[axis:]
 
 
-def accesses(stmt: Stmt, *, fills: bool = False) -> Iterator[Access]:
-    """Every node access of ``stmt``, local scope bodies included, each statement's reads before
-    its write. Fills are listed only with ``fills``: a pass that groups loop nests treats them
-    apart, a dependence test must see them."""
-    for s in iter_stmts(stmt):
+def _reads(e: Expr) -> Iterator[Access]:
+    """The loads of ``e`` (not entering its local scopes)."""
+    for sub in iter_exprs(e):
+        if isinstance(sub, Load):
+            yield Access(sub.tnode, sub.indices, False)
+        elif isinstance(sub, LoadDynamic):
+            yield Access(sub.tnode, _with_dynamic(sub.axis, sub.indices), False)
+
+
+def accesses(node: Stmt | Expr, *, fills: bool = False) -> Iterator[Access]:
+    """Every node access of a statement or an expression, local scope bodies included, each
+    statement's reads before its write. Fills are listed only with ``fills``: a pass that groups
+    loop nests treats them apart, a dependence test must see them."""
+    if not isinstance(node, _STMT_TYPES):
+        yield from _reads(node)
+    for s in all_stmts(node):
         for e in stmt_exprs(s):
-            for sub in iter_exprs(e):
-                if isinstance(sub, Load):
-                    yield Access(sub.tnode, sub.indices, False)
-                elif isinstance(sub, LoadDynamic):
-                    yield Access(sub.tnode, _with_dynamic(sub.axis, sub.indices), False)
+            yield from _reads(e)
         if isinstance(s, Store):
             yield Access(s.tnode, s.indices, True)
         elif isinstance(s, StoreDynamic):
@@ -229,3 +317,47 @@ def loop_chain(stmt: Stmt) -> tuple[list[For], Stmt]:
         chain.append(stmt)
         stmt = stmt.body
     return chain, stmt
+
+
+# ---------------------------------------------------------------------------------------------
+# Run-time checks
+
+
+def can_fail(stmt: Stmt, extents: Mapping[AnySymbol, int] | None = None) -> bool:
+    """Whether running ``stmt`` (inside loops of ``extents``) can stop on a failed run-time
+    check: an access with no defined outcome outside its buffer whose indices are not provably
+    inside (an index symbol without a size, an ``oc.take`` position), or an integer division or
+    remainder by a divisor that may be 0. The checks every backend makes are these (the
+    interpreter, codegen.py's sites, Triton's error flag): a routine that cannot fail needs no
+    protection against a run stopped halfway (docs/semantics.md, "Failed runs")."""
+    extents = {} if extents is None else extents
+    if isinstance(stmt, For):
+        return can_fail(stmt.body, {**extents, stmt.symbol: stmt.extent})
+    if isinstance(stmt, Seq):
+        return any(can_fail(s, extents) for s in stmt.stmts)
+    if isinstance(stmt, StoreDynamic) or (isinstance(stmt, Store) and not stmt.skip_oob and
+                                          not cell_provably_within(stmt.indices, stmt.tnode.dims, extents)):
+        return True
+    for e in stmt_exprs(stmt):
+        for sub in iter_exprs(e):
+            if isinstance(sub, LoadDynamic):
+                return True
+            if isinstance(sub, Load) and sub.oob_value is None:
+                if not cell_provably_within(sub.indices, sub.tnode.dims, extents):
+                    return True
+            elif isinstance(sub, Binary) and sub.op in (Binop.DIV, Binop.MOD) and not sub.dtype.is_float:
+                if not (isinstance(sub.b, Const) and sub.b.value != 0):
+                    return True
+            elif isinstance(sub, LocalScope) and can_fail(sub.body, extents):
+                return True
+    return False
+
+
+def writes_before_failure(body: Stmt) -> tuple[TNode, ...]:
+    """The nodes a failed run of ``body`` (a routine's) may have written: those written by its
+    statements up to the last one that :func:`can_fail`, in order of first write; none when no
+    statement can fail. The statements after it (an optimizer's updates after the gradients,
+    typically) cannot have run."""
+    stmts = body.stmts if isinstance(body, Seq) else (body,)
+    last = max((k for k, s in enumerate(stmts) if can_fail(s)), default=-1)
+    return tuple(dict.fromkeys(a.node for s in stmts[:last + 1] for a in accesses(s, fills=True) if a.write))

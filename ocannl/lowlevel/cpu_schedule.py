@@ -34,14 +34,15 @@ import math
 from dataclasses import dataclass, replace
 
 from ocannl.lowlevel import dtypes
-from ocannl.lowlevel.analysis import affine_form, loop_chain, row_major_offset, substitute_index
+from ocannl.lowlevel.analysis import affine_form, expr_symbols, loop_chain, row_major_offset, substitute_index
 from ocannl.lowlevel.dtypes import DType
 from ocannl.lowlevel.indexing import Affine, AnySymbol, AxisIndex, Iter, Symbol, index_symbols
 from ocannl.lowlevel.ir import (
-    Binary, Const, Expr, Fill, For, GetLocal, Load, LoadDynamic, LocalScope, LoopKind, Seq, SetLocal, Stmt, Store,
-    StoreDynamic, iter_exprs, iter_stmts, stmt_exprs, total_over_executions,
+    Binary, Const, Expr, Fill, For, GetLocal, Load, LoadDynamic, Local, LocalScope, LoopKind, Seq, SetLocal, Stmt,
+    Store, StoreDynamic, Ternary, iter_exprs, iter_stmts, seq, stmt_exprs, total_over_executions,
 )
-from ocannl.lowlevel.scalar_ops import Binop
+from ocannl.lowlevel.rewrite import FreshCopy, Rewriter
+from ocannl.lowlevel.scalar_ops import Binop, Ternop
 from ocannl.lowlevel.schedule import block_terms, blocked_reduction_of, reduction_of
 from ocannl.lowlevel.tnode import TNode
 
@@ -667,3 +668,267 @@ def store_ordered_nest(loop: For) -> For | None:
     for f in reversed(order):
         nest = replace(f, body=nest)
     return nest
+
+
+# ---------------------------------------------------------------------------------------------
+# Nest plans: everything the C-family walk prints a nest by, decided before it prints
+
+
+VECTOR_TILE_COLUMNS = 4
+"""Columns of a register tile (cells at consecutive offsets) from which its selects print
+without branches (:attr:`NestPlan.branchless`): four floats, the narrowest vector. The CNN step
+of bench/cpu_steps.py (tiles of 8 columns) gains from it; the transformer step's 2 x 1 tiles of a
+maximum over a row lose 8% to it."""
+
+
+@dataclass(frozen=True)
+class TileSpan:
+    """The tiles of a :class:`TileNest` along one axis: tiles of ``size`` cells covering
+    ``start ..< stop``, in a loop over ``0, size, ... < stop`` when ``looped`` (``start`` is then
+    0), else the one tile at ``start``. An axis the plan does not tile is one tile of one cell."""
+
+    looped: bool
+    start: int
+    stop: int
+    size: int
+
+    @property
+    def cells(self) -> int:
+        return self.stop - self.start
+
+
+def tile_spans(axis: tuple[Symbol, int] | None, size: int) -> tuple[TileSpan, ...]:
+    """The tiles along one axis of ``size``-cell tiles: the full tiles (a loop when there are
+    several), then one narrower tile for the remainder."""
+    if axis is None:
+        return (TileSpan(False, 0, 1, 1),)
+    n = axis[1]
+    full = n - n % size
+    spans: list[TileSpan] = []
+    if full:
+        spans.append(TileSpan(True, 0, full, size) if full > size else TileSpan(False, 0, size, size))
+    if n % size:
+        spans.append(TileSpan(False, full, n, n % size))
+    return tuple(spans)
+
+
+@dataclass(frozen=True)
+class TileNest:
+    """One nest of equal register tiles of a :class:`ContractionPlan`: its ``rows`` by ``cols``
+    tiles, the cells of a row one vector holds (``lanes``, :func:`tile_lanes`; ``None``: scalar
+    registers) and whether its loops run on threads (``parallel``, :data:`TILE_PARALLEL_MIN_WORK`)."""
+
+    rows: TileSpan
+    cols: TileSpan
+    lanes: int | None
+    parallel: bool
+
+
+@dataclass(frozen=True)
+class NestPlan:
+    """How the C-family walk (``ocannl/backends/codegen.py``) prints a loop nest it reaches outside
+    local scopes and tiles (:func:`plan_nest`); the printer decides nothing of it.
+
+    ``nest``: the loops as printed (reordered into store order where that helps,
+    :func:`store_ordered_nest`). ``parallel``: its outermost loop runs on threads
+    (:data:`PARALLEL_MIN_WORK`). ``branchless``: no chain runs from one value to the next here (a
+    register tile of at least :data:`VECTOR_TILE_COLUMNS` columns, a nest in store order), so
+    selects here and in everything nested print without branches, which the C compiler
+    vectorizes; elsewhere a branch serves the serial chains better. ``contraction``: the nest runs
+    as register tiles, or as a packed GEMM where ``contraction.gemm`` is set (its ``parallel``
+    then says whether it runs on threads). ``tile_nests``: the nests of register tiles, one group
+    per loop the printer puts around them (each top-level statement of a reduction in blocks not
+    held in registers, :attr:`ContractionPlan.blocks`), else one group."""
+
+    nest: For
+    parallel: bool = False
+    branchless: bool = False
+    contraction: ContractionPlan | None = None
+    tile_nests: tuple[tuple[TileNest, ...], ...] = ()
+
+
+def plan_nest(loop: For, vector_bytes: int | None, threads: bool) -> NestPlan:
+    """The plan of the nest headed by ``loop``, which the walk reaches outside local scopes and
+    tiles: register tiles or a packed GEMM where :func:`plan_contraction` finds a contraction
+    (``vector_bytes`` as there), else the nest in store order where that differs
+    (:func:`store_ordered_nest`), else the loop as it is (:func:`plan_loop`). ``threads``: a
+    parallel region may open here (the target has threads, and none is open around ``loop``)."""
+    contraction = plan_contraction(loop, vector_bytes)
+    if contraction is None:
+        ordered = store_ordered_nest(loop)
+        if ordered is None:
+            return plan_loop(loop, threads)
+        return replace(plan_loop(ordered, threads), branchless=True)
+    branchless = contraction.nr >= VECTOR_TILE_COLUMNS
+    if contraction.gemm is not None:
+        gemm = replace(contraction.gemm, parallel=contraction.gemm.parallel and threads)
+        return NestPlan(loop, branchless=branchless, contraction=replace(contraction, gemm=gemm))
+    return NestPlan(loop, branchless=branchless, contraction=contraction,
+                    tile_nests=_tile_nests(contraction, vector_bytes, threads))
+
+
+def plan_loop(loop: For, threads: bool) -> NestPlan:
+    """``loop`` printed as it is, on threads where ``threads`` allows, its iterations may run
+    concurrently (:func:`parallel_safe`) and its work is worth it (:data:`PARALLEL_MIN_WORK`)."""
+    return NestPlan(loop, parallel=threads and work(loop) >= PARALLEL_MIN_WORK and parallel_safe(loop))
+
+
+def _tile_nests(plan: ContractionPlan, vector_bytes: int | None, threads: bool) -> tuple[tuple[TileNest, ...], ...]:
+    """The groups of :attr:`NestPlan.tile_nests`. Each group's tiles share the terms of the loop
+    around them: the cache blocks of a sum in loop order, a top-level loop of the blocks."""
+    if plan.blocks is None:
+        first_extent = plan.reductions[0][1]
+        around = -(-first_extent // plan.block) if plan.block is not None else 1
+        return (_tile_group(plan, None, around, vector_bytes, threads),)
+    if plan.scope is not None:  # the sum lives in the tiles' registers: no loop around them
+        return (_tile_group(plan, plan.blocks, 1, vector_bytes, threads),)
+    tops = plan.blocks.stmts if isinstance(plan.blocks, Seq) else (plan.blocks,)
+    return tuple(_tile_group(plan, top.body, top.extent, vector_bytes, threads) if isinstance(top, For)
+                 else _tile_group(plan, top, 1, vector_bytes, threads) for top in tops)
+
+
+def _tile_group(plan: ContractionPlan, blocks: Stmt | None, around: int, vector_bytes: int | None,
+                threads: bool) -> tuple[TileNest, ...]:
+    """The nests of equal tiles of one group: ``blocks`` is the part of the blocks each tile runs
+    (``None``: the sum in loop order), ``around`` the iterations of the loop around the group.
+    A nest runs on threads when its own share of the work, per iteration of that loop, reaches
+    :data:`TILE_PARALLEL_MIN_WORK` and it has loops to share."""
+    terms = plan.work // math.prod(n for _, n in plan.parallel)
+    outer_cells = math.prod(n for _, n in plan.outer)
+    nests = []
+    for rows in tile_spans(plan.rows, plan.mr):
+        for cols in tile_spans(plan.cols, plan.nr):
+            tiled = [span for axis, span in ((plan.rows, rows), (plan.cols, cols)) if axis is not None]
+            looped = bool(plan.outer) or any(span.looped for span in tiled)
+            cells = outer_cells * math.prod(span.cells for span in tiled)
+            parallel = threads and looped and cells * terms >= TILE_PARALLEL_MIN_WORK * around
+            nests.append(TileNest(rows, cols, tile_lanes(plan, cols.size, blocks, vector_bytes), parallel))
+    return tuple(nests)
+
+
+def tile_lanes(plan: ContractionPlan, nr: int, blocks: Stmt | None, vector_bytes: int | None) -> int | None:
+    """The cells of a row of ``nr``-column tiles that one vector holds, when the tiles run in the
+    target's vector registers of ``vector_bytes`` (``None`` or 0: it has none the walk writes),
+    else ``None``; ``blocks``: the part of the blocks each tile runs (``None``: the sum in loop order).
+
+    A compiler's own vectorizer misses many tiles (a stride between the columns of an operand, a
+    ``where`` around the term): the walk then writes the vectors itself. Each step of a row is
+    ``acc = acc + x * y`` on vectors: ``x`` a value of the row (read once, broadcast), ``y`` a
+    vector of the row's columns (one load where they are adjacent, else built lane by lane), and,
+    for a term ``where(c, x * y, k)`` whose test ``c`` reads no column, ``acc + (c ? x * y : k)``
+    (:func:`vector_factors`). Every lane adds its cell's own terms, each product and sum rounded
+    once as the interpreter rounds them (``-ffp-contract=off``), in the same order: the bits do
+    not change. Float32 cells and terms, a sum, ``nr`` a multiple of a vector of at least 4 lanes."""
+    if not vector_bytes or plan.cols is None or plan.op is not Binop.ADD:
+        return None
+    if plan.accumulator_dtype is not dtypes.float32 or plan.store.tnode.dtype is not dtypes.float32:
+        return None
+    lanes = vector_bytes // 4
+    while lanes > nr or nr % lanes:
+        lanes //= 2
+    if lanes < 4:
+        return None
+    terms = [plan.term] if blocks is None else leaf_terms(blocks)
+    row = plan.rows[0] if plan.rows is not None else None
+    if not terms or any(vector_factors(t, row, plan.cols[0]) is None for t in terms):
+        return None
+    return lanes
+
+
+def vector_factors(term: Expr, row: Symbol | None, col: Symbol) -> tuple[Expr | None, Load, Load, bool, float] | None:
+    """``(test, x, y, x_first, other)`` of a term ``x * y`` (``x_first``) or ``y * x``, or
+    ``where(test, that, other)`` for a constant ``other``, where ``x`` and ``test`` read no
+    column and ``y`` no row: float32 loads, a test free of locals. ``None`` otherwise."""
+    test, other = None, 0.0
+    if isinstance(term, Ternary) and term.op is Ternop.WHERE and isinstance(term.c, Const):
+        test, other, term = term.a, term.c.value, term.b
+        if any(isinstance(e, (LocalScope, GetLocal, LoadDynamic)) for e in iter_exprs(test)):
+            return None
+        if col in expr_symbols(test):
+            return None
+    if not (isinstance(term, Binary) and term.op is Binop.MUL and term.dtype is dtypes.float32):
+        return None
+    for x, y, x_first in ((term.a, term.b, True), (term.b, term.a, False)):
+        if not all(isinstance(f, Load) and f.tnode.dtype is dtypes.float32 for f in (x, y)):
+            return None
+        if col not in expr_symbols(x) and col in expr_symbols(y) and (row is None or row not in expr_symbols(y)):
+            return test, x, y, x_first, other
+    return None
+
+
+def gemm_with_epilogue(loop: For, vector_bytes: int) -> tuple[For, For | None] | None:
+    """A GEMM-class product inlined into its consumer, ``for P: out[I] := f(v { v := init; <the
+    sum> })`` (a bias added to ``w @ x``, a gate applied to a gradient's product), as two nests
+    when the sum then runs as a packed GEMM: the sum stored into ``out`` itself, ``v`` being
+    ``out[I]`` throughout, then ``for P: out[I] := f(out[I])``, the epilogue (``None`` when ``f``
+    is the sum itself). ``None`` when the nest is not such a product.
+
+    The inlined form runs as a GEMM only while its terms fit one ``kc`` panel (:func:`plan_gemm`),
+    and even then the split measured faster (a transformer's feed-forward products with their
+    bias, the benchmark's MLP steps: ``python -m bench.cpu_steps``): the extra pass over the
+    result costs less than the epilogue inside the micro-kernel's stores.
+
+    Each cell's sum adds the same terms in the same order into a cell of the local's own type, so
+    storing it loses nothing, and ``f`` reads it back: the bits of the inlined form. Hence the
+    requirements: ``out`` stores the local's type exactly (float32 into float32), each cell is
+    owned by one iteration of ``P``, and neither ``f`` nor the sum reads ``out`` otherwise."""
+    plan = plan_contraction(loop, vector_bytes)
+    if plan is None or plan.scope is None:
+        return None
+    store, scope = plan.store, plan.scope
+    out, v = store.tnode, scope.local
+    if out.dtype is not v.dtype or plan.parallel != tuple((f.symbol, f.extent) for f in loop_chain(loop)[0]):
+        return None
+    if any(isinstance(e, (Load, LoadDynamic)) and e.tnode is out for s in iter_stmts(loop) for top in stmt_exprs(s)
+           for e in iter_exprs(top)):
+        return None
+    cell = Load(out, store.indices)
+    first = (scope.body.stmts if isinstance(scope.body, Seq) else (scope.body,))[0]
+    starts_from_constant = isinstance(first, SetLocal) and first.local is v and isinstance(first.value, Const)
+    start = () if starts_from_constant else (Store(out, store.indices, Const(0.0, v.dtype)),)  # the scope's 0
+    sum_into_cell = seq(*start, _LocalAsCell(v, cell).stmt(scope.body))
+    chain, _ = loop_chain(loop)
+    reduction = _nest(chain, sum_into_cell)
+    if not isinstance(reduction, For):
+        return None
+    reduction_plan = plan_contraction(reduction, vector_bytes)
+    if reduction_plan is None or reduction_plan.gemm is None:
+        return None
+    if store.value is scope:
+        return reduction, None
+    epilogue = FreshCopy({}).stmt(_nest(chain, Store(out, store.indices, _ScopeAsCell(scope, cell).expr(store.value))))
+    return reduction, epilogue
+
+
+def _nest(chain: list[For], body: Stmt) -> Stmt:
+    """``body`` inside copies of the loops of ``chain``, outermost first."""
+    for f in reversed(chain):
+        body = replace(f, body=body)
+    return body
+
+
+class _LocalAsCell(Rewriter):
+    """The statements of a local scope with its variable ``local`` held in ``cell`` instead."""
+
+    def __init__(self, local: Local, cell: Load):
+        self.local, self.cell = local, cell
+
+    def stmt(self, s: Stmt) -> Stmt:
+        if isinstance(s, SetLocal) and s.local is self.local:
+            return Store(self.cell.tnode, self.cell.indices, self.expr(s.value))
+        return self.rebuild_stmt(s)
+
+    def expr(self, e: Expr) -> Expr:
+        if isinstance(e, GetLocal) and e.local is self.local:
+            return self.cell
+        return self.rebuild_expr(e)
+
+
+class _ScopeAsCell(Rewriter):
+    """An expression with the local scope ``scope`` replaced by a read of ``cell``."""
+
+    def __init__(self, scope: LocalScope, cell: Load):
+        self.scope, self.cell = scope, cell
+
+    def expr(self, e: Expr) -> Expr:
+        return self.cell if e is self.scope else self.rebuild_expr(e)

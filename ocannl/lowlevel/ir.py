@@ -385,7 +385,8 @@ def stmt_exprs(stmt: Stmt) -> tuple[Expr, ...]:
 
 
 def iter_exprs(e: Expr) -> Iterator[Expr]:
-    """``e`` and its sub-expressions, pre-order (not entering local scope bodies)."""
+    """``e`` and its sub-expressions, pre-order (not entering local scope bodies:
+    :func:`ocannl.lowlevel.analysis.all_exprs` does)."""
     stack = [e]
     while stack:
         x = stack.pop()

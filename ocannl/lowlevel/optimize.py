@@ -30,9 +30,10 @@ be run and tested alone:
 4. :func:`eliminate_common_subexpressions` — an expression evaluated twice in a sequence of
    statements, with no store in between to what it reads, is computed once into a local.
 5. :func:`form_fma` — ``a * b + c`` becomes ``fma(a, b, c)``, which rounds once instead of
-   twice and so changes results: only under the fast setting (``OCANNL_FAST_MATH=1``, or
-   ``fast_math=1`` in the config file; ``config.flag("fast_math")``). Every backend, the
-   interpreter included, runs the optimized IR, so backends still agree with each other.
+   twice and so changes results: only when the caller asks (``fast_math=True``; the runtime
+   passes the ``fast_math`` setting, ``OCANNL_FAST_MATH=1``: this layer reads no settings).
+   Every backend, the interpreter included, runs the optimized IR, so backends still agree with
+   each other.
 
 Without the fast setting every pass keeps the interpreter's results bit for bit
 (docs/design.md, "Arithmetic": one rounding per operation, no contraction).
@@ -58,7 +59,6 @@ from typing import Any, Collection, Iterable, Iterator
 
 import numpy as np
 
-from ocannl import config
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.analysis import normalize_index
 from ocannl.lowlevel.dtypes import DType
@@ -77,14 +77,13 @@ from ocannl.lowlevel.tnode import MemoryMode, TNode
 
 
 def optimize(
-    routine: RoutineIR, keep: Collection[TNode] | None = None, *, fast_math: bool | None = None
+    routine: RoutineIR, keep: Collection[TNode] | None = None, *, fast_math: bool = False
 ) -> RoutineIR:
     """The optimized form of ``routine``: :func:`~ocannl.lowlevel.gather.gather_scatters`,
     :func:`~ocannl.lowlevel.overwrite.fold_fills`,
     :func:`virtualize` (nodes outside ``keep``; ``None``: :func:`materialized_nodes`),
     :func:`~ocannl.lowlevel.overwrite.forward_stores`, :func:`simplify`,
-    :func:`eliminate_common_subexpressions`, and under the fast setting (``fast_math``, else
-    ``config.flag("fast_math")``) :func:`form_fma`."""
+    :func:`eliminate_common_subexpressions`, and with ``fast_math`` :func:`form_fma`."""
     keep = materialized_nodes(routine) if keep is None else keep
     routine = gather_scatters(routine)
     routine = fold_fills(routine)
@@ -92,7 +91,7 @@ def optimize(
     routine = forward_stores(routine)
     routine = simplify(routine)
     routine = eliminate_common_subexpressions(routine)
-    if config.flag("fast_math", fast_math):
+    if fast_math:
         routine = form_fma(routine)
     return routine
 

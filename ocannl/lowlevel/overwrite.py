@@ -61,11 +61,11 @@ import bisect
 from dataclasses import replace
 
 from ocannl.lowlevel import dtypes
-from ocannl.lowlevel.analysis import Access, accesses, loop_chain, substitute_index
+from ocannl.lowlevel.analysis import accesses, all_exprs, all_stmts, loop_chain, substitute_index
 from ocannl.lowlevel.indexing import Affine, AxisIndex, Fixed, Iter, Symbol
 from ocannl.lowlevel.ir import (
-    Binary, Cast, Const, Expr, Fill, For, GetLocal, Load, LoadDynamic, Local, LocalScope, RoutineIR, Seq,
-    SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary, iter_exprs, iter_stmts, loop, seq, stmt_exprs,
+    Binary, Cast, Expr, Fill, For, GetLocal, Load, LoadDynamic, Local, LocalScope, RoutineIR, Seq,
+    SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary, iter_stmts, loop, seq,
 )
 from ocannl.lowlevel.rewrite import Rewriter
 from ocannl.lowlevel.scalar_ops import Ternop
@@ -157,7 +157,7 @@ def first_write(nest: Stmt, fill: Fill) -> Stmt | None:
     owned = _owning_loops(body, chain)
     if owned is None:
         return None
-    reads = [e for e in _all_exprs(body.value) if isinstance(e, (Load, LoadDynamic)) and e.tnode is node]
+    reads = [e for e in all_exprs(body.value) if isinstance(e, (Load, LoadDynamic)) and e.tnode is node]
     if any(not isinstance(e, Load) or e.indices != body.indices or e.oob_value is not None for e in reads):
         return None  # it reads other cells of the node, whose start value it would need
     if not reads:
@@ -220,14 +220,6 @@ def _rebuild(loops: list[For], body: Stmt) -> Stmt:
     for f in reversed(loops):
         body = loop(f.symbol, f.extent, body)
     return body
-
-
-def _all_exprs(e: Expr):
-    """``e``'s sub-expressions, local scope bodies included."""
-    probe = SetLocal(Local(e.dtype), e)
-    for s in iter_stmts(probe):
-        for x in stmt_exprs(s):
-            yield from iter_exprs(x)
 
 
 class _Substitute(Rewriter):
@@ -358,7 +350,7 @@ def _overwritten(first: Stmt, second: Stmt) -> Store | None:
         return None
     if not _compute_typed(node):
         return None  # a load of the stored value rounds it to the node's precision
-    reads = [a for a in _expr_accesses(second.value) if a.node is node]
+    reads = [a for a in accesses(second.value) if a.node is node]
     if not reads:
         return second
     if len(reads) != 1 or reads[0].indices != cell or not _read_unconditionally(second.value, node):
@@ -379,9 +371,9 @@ def _reduction_into_local(start: Stmt, nest: Stmt) -> Store | None:
     if not (isinstance(body, Store) and body.tnode is node and body.indices == cell and not body.skip_oob):
         return None
     step = update_of(body)
-    if step is None or any(a.node is node for a in _expr_accesses(step.term)):
+    if step is None or any(a.node is node for a in accesses(step.term)):
         return None
-    if any(isinstance(s, For) for s in iter_stmts(SetLocal(Local(step.term.dtype), step.term))):
+    if any(isinstance(s, For) for s in all_stmts(step.term)):
         return None  # terms that are reductions themselves: the outer sum stays in the cell, where
         # tree-summing backends (Triton) reduce it across a program's lanes
     local = Local(node.dtype)
@@ -392,10 +384,6 @@ def _reduction_into_local(start: Stmt, nest: Stmt) -> Store | None:
 def _compute_typed(node: TNode) -> bool:
     """Whether a local can hold the node's values: a compute type other than uint4x32."""
     return node.dtype.is_compute_type and node.dtype is not dtypes.uint4x32
-
-
-def _expr_accesses(e: Expr) -> list[Access]:
-    return list(accesses(SetLocal(Local(e.dtype), e)))
 
 
 def _read_unconditionally(e: Expr, node: TNode) -> bool:

@@ -44,9 +44,10 @@ stream's key by one more Threefry block, as JAX's ``fold_in``:
 ``threefry4x32(run_key(key(seed, stream), r), uint4x32_of(cell_offset()))``.
 
 The arithmetic around the uniforms is ordinary IR in the node's compute type, one rounding per
-operation and no contraction (docs/design.md, "Arithmetic"): the uniform fill is bit-exact on every
-backend; the normal fill goes through ``log``, ``sqrt`` and ``cos``, so it is as exact as the
-backends' math libraries agree.
+operation and no contraction (docs/design.md, "Arithmetic"). It uses only exactly rounded
+operators, never the libm ones (``scalar_ops.LIBM_OPS``, whose last bits differ between
+backends), so every fill is bit-exact on every backend: the normal fill's Box-Muller transform
+computes its log and cosine itself (:func:`box_muller`).
 """
 
 from __future__ import annotations
@@ -55,13 +56,18 @@ import functools
 import math
 from typing import Callable
 
-from ocannl.lowlevel.assignments import Accum, Apply, CellOffset
-from ocannl.lowlevel.dtypes import DTypeError
+import numpy as np
+
+from ocannl.lowlevel.assignments import Accum, Apply, Arg, CellOffset
+from ocannl.lowlevel.dtypes import DType, DTypeError
 from ocannl.lowlevel.indexing import AxisIndex, Fixed, Iter, Projections, Symbol
-from ocannl.lowlevel.scalar_ops import Binop, Unop
+from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
 from ocannl.lowlevel.tnode import TNode
 
 _U32 = 2**32
+
+Expression = Apply | Arg | CellOffset | float
+"""An operand of an :class:`Apply`: the random fills' expressions are built from these."""
 
 
 def key(seed: int, stream: int, draw: int = 0) -> tuple[int, int, int, int]:
@@ -106,16 +112,123 @@ def uniform_fill(node: TNode, seed: int, stream: int, low: float = 0.0, high: fl
 
 
 def normal_fill(node: TNode, seed: int, stream: int, mean: float = 0.0, std: float = 1.0) -> Accum:
-    """``node =: mean + std * z`` with ``z`` standard normal by Box-Muller from two independent
-    uniforms of the cell, ``u1`` (draw 0) and ``u2`` (draw 1):
-    ``z = sqrt(-2 * log(1 - u1)) * cos(2 * pi * u2)`` (``1 - u1`` is in ``(0, 1]``, so the log
-    is finite)."""
+    """``node =: mean + std * z`` with ``z`` standard normal: :func:`box_muller` of two
+    independent uniforms of the cell, ``u1`` (draw 0) and ``u2`` (draw 1), in the node's compute
+    type."""
     _check_float(node, "normal_fill")
-    u1, u2 = uniform(key(seed, stream, 0)), uniform(key(seed, stream, 1))
-    log = Apply(Unop.LOG, (Apply(Binop.SUB, (1.0, u1)),))
-    radius = Apply(Unop.SQRT, (Apply(Binop.MUL, (-2.0, log)),))
-    z = Apply(Binop.MUL, (radius, Apply(Unop.COS, (Apply(Binop.MUL, (2 * math.pi, u2)),))))
-    return _fill(node, Apply(Binop.ADD, (float(mean), Apply(Binop.MUL, (float(std), z)))))
+    z = box_muller(uniform(key(seed, stream, 0)), uniform(key(seed, stream, 1)), node.dtype.compute)
+    return _fill(node, _add(float(mean), _mul(float(std), z)))
+
+
+def box_muller(u1: Expression, u2: Expression, dtype: DType) -> Apply:
+    """``z = sqrt(-2 * log(1 - u1)) * cos(2 * pi * u2)`` in ``dtype`` (float32 or float64), for
+    uniforms ``u1``, ``u2`` in ``[0, 1)`` on that type's grid (multiples of 2**-24, 2**-53), so
+    that ``1 - u1`` is in ``(0, 1]`` and the log finite.
+
+    Built from correctly rounded operators only (``+ - * /``, ``sqrt``, ``abs``, comparisons,
+    ``where``), never the libm ``log`` and ``cos`` (``scalar_ops.LIBM_OPS``), whose last bits
+    differ between backends: the log and the cosine are :func:`_log_of_unit` and
+    :func:`_cos_of_turns`, within a few ulps of the exact values. Every backend rounds those
+    operators alike and contracts nothing (docs/design.md, "Arithmetic"), so a normal draw has
+    the same bits everywhere, as a uniform one does."""
+    radius = Apply(Unop.SQRT, (_mul(-2.0, _log_of_unit(_sub(1.0, u1), dtype)),))
+    return _mul(radius, _cos_of_turns(u2, dtype))
+
+
+def _log_of_unit(v: Expression, dtype: DType) -> Apply:
+    """``log(v)`` for ``v`` in ``(0, 1]`` on ``dtype``'s grid.
+
+    Range reduction, exact: ``m = v * 2**e`` in ``[c/2, c)`` with ``c`` the constant
+    ``sqrt(2)`` rounded to ``dtype``; ``e`` is found by binary search, step ``k`` (16, 8, 4, 2,
+    1 for float32, from 32 for float64: at least the grid's smallest exponent in all) scaling by
+    ``2**k`` when ``v < c * 2**-k``. Then ``log(v) = log(m) - e ln(2)``, with
+    ``log(1 + t) = t * integral over s in [0, 1] of 1 / (1 + s t)`` for ``t = m - 1`` (exact),
+    the integral summed by the Gauss-Legendre rule of :func:`_log_quadrature`: its terms are
+    positive and their sum near 1, so the log stays a few ulps from the exact one even where it
+    is tiny."""
+    scalings = []
+    for step in (1 << k for k in reversed(range(_grid_exponent(dtype).bit_length()))):
+        below = Apply(Binop.LT, (v, math.sqrt(2) * 2.0**-step))
+        v = _mul(v, Apply(Ternop.WHERE, (below, 2.0**step, 1.0)))
+        scalings.append(_mul(float(step), below))
+    t = _sub(v, 1.0)
+    log_m = _mul(t, _sum([Apply(Binop.DIV, (w, _add(1.0, _mul(s, t)))) for s, w in _log_quadrature(dtype)]))
+    return _sub(log_m, _mul(_sum(scalings), math.log(2)))
+
+
+def _log_quadrature(dtype: DType) -> list[tuple[float, float]]:
+    """The nodes and weights ``(s_i, w_i)`` on ``[0, 1]`` of the Gauss-Legendre rule giving
+    ``log(1 + t) = t * sum w_i / (1 + s_i t)`` within ``eps / 8`` of ``dtype`` for ``1 + t`` in
+    ``[sqrt(2)/2, sqrt(2)]``: 4 points for float32, 8 for float64. The integrand's pole
+    ``s = -1/t`` maps to ``±(3 + 2 sqrt(2))`` on ``[-1, 1]``, so the ``n``-point rule's relative
+    error is below ``2 rho**(-2 n)`` with ``rho`` (about 11.6) the parameter of the Bernstein
+    ellipse through it (measured: 1.5 ``rho**(-2 n)``)."""
+    pole = 3 + 2 * math.sqrt(2)
+    rho = pole + math.sqrt(pole**2 - 1)
+    n = 1
+    while 2 * rho ** (-2 * n) > _eps(dtype) / 8:
+        n += 1
+    x, w = np.polynomial.legendre.leggauss(n)
+    return [(float(xi + 1) / 2, float(wi) / 2) for xi, wi in zip(x, w)]
+
+
+def _cos_of_turns(u: Expression, dtype: DType) -> Apply:
+    """``cos(2 pi u)`` for ``u`` in ``[0, 1]`` on ``dtype``'s grid.
+
+    Quadrant reduction, exact on the grid: ``cos(2 pi u) = sin(2 pi x)`` with
+    ``x = |1/2 - u| - 1/4`` in ``[-1/4, 1/4]``, since the cosine is even about ``u = 1/2`` and
+    ``cos(2 pi (1/2 - d)) = sin(2 pi (d - 1/4))``. The sine on ``[-pi/2, pi/2]`` is ``x`` times
+    its Taylor series in ``x**2``, cut where the terms left out stay below ``eps / 8`` of
+    ``dtype`` (the series alternates with decreasing terms): 7 terms for float32, 11 for
+    float64. Being ``x`` times a sum near ``2 pi``, it stays relatively accurate at the zeros of
+    the cosine."""
+    x = _sub(Apply(Unop.ABS, (_sub(0.5, u),)), 0.25)
+    x2_max = (1 / 4) ** 2
+
+    def coefficient(k: int) -> float:
+        return (-1) ** k * (2 * math.pi) ** (2 * k + 1) / math.factorial(2 * k + 1)
+
+    terms = [coefficient(0)]
+    while abs(coefficient(len(terms))) * x2_max ** len(terms) >= _eps(dtype) / 8 * terms[0]:
+        terms.append(coefficient(len(terms)))
+    return _mul(x, _horner(_mul(x, x), terms))
+
+
+def _grid_exponent(dtype: DType) -> int:
+    """``p`` such that ``dtype``'s uniforms are multiples of ``2**-p`` (24 or 53)."""
+    return int(np.finfo(dtype.storage).nmant) + 1
+
+
+def _eps(dtype: DType) -> float:
+    return float(np.finfo(dtype.storage).eps)
+
+
+def _horner(x: Expression, coefficients: list[float]) -> Expression:
+    """``c_0 + x * (c_1 + x * (c_2 + ...))``."""
+    acc: Expression = coefficients[-1]
+    for c in reversed(coefficients[:-1]):
+        acc = _add(c, _mul(x, acc))
+    return acc
+
+
+def _sum(terms: list[Expression]) -> Expression:
+    """The terms added pairwise, a balanced tree (its depth grows as the log of their number)."""
+    if len(terms) == 1:
+        return terms[0]
+    half = len(terms) // 2
+    return _add(_sum(terms[:half]), _sum(terms[half:]))
+
+
+def _add(a: Expression, b: Expression) -> Apply:
+    return Apply(Binop.ADD, (a, b))
+
+
+def _sub(a: Expression, b: Expression) -> Apply:
+    return Apply(Binop.SUB, (a, b))
+
+
+def _mul(a: Expression, b: Expression) -> Apply:
+    return Apply(Binop.MUL, (a, b))
 
 
 def _check_float(node: TNode, what: str) -> None:

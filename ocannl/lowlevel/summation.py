@@ -37,7 +37,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ocannl.errors import OcannlError
-from ocannl.lowlevel.analysis import loop_chain, scaled_sum
+from ocannl.lowlevel.analysis import locals_read, loop_chain, nodes_read, scaled_sum
 from ocannl.lowlevel.indexing import AnySymbol, AxisIndex, Fixed, Iter, Symbol
 from ocannl.lowlevel.ir import (
     Binary, Cast, Expr, For, GetLocal, Load, LoadDynamic, Local, LocalScope, LoopKind, RoutineIR, Seq,
@@ -98,7 +98,7 @@ def find_accumulation(nest: For) -> Accumulation | None:
     chain, body = loop_chain(nest)
     if isinstance(body, SetLocal):
         update = update_of(body)
-        if update is None or any(isinstance(e, GetLocal) and e.local is body.local for e in _all_exprs(update.term)):
+        if update is None or body.local in locals_read(update.term):
             return None
         op, term, loops, parallel, target, reset = update.op, update.term, tuple(chain), (), body.local, None
     else:
@@ -106,7 +106,7 @@ def find_accumulation(nest: For) -> Accumulation | None:
         if r is None or not r.separable:
             return None  # a reset inside a reduction loop restarts the sum: not one sum
         out, cell = r.store.tnode, r.store.indices
-        if any(isinstance(e, (Load, LoadDynamic)) and e.tnode is out for e in _all_exprs(r.term)):
+        if out in nodes_read(r.term):
             return None  # a term reading the sum would see it added in another order
         if not all(isinstance(i, (Fixed, Iter)) for i in cell):
             return None
@@ -118,14 +118,6 @@ def find_accumulation(nest: For) -> Accumulation | None:
         return None
     reductions = tuple((f.symbol, f.extent) for f in loops if all(f is not g for g in parallel))
     return Accumulation(target, op, term, parallel, reductions, reset)
-
-
-def _all_exprs(e: Expr):
-    """``e``'s sub-expressions, local scope bodies included."""
-    probe = SetLocal(Local(e.dtype), e)
-    for s in iter_stmts(probe):
-        for x in stmt_exprs(s):
-            yield from iter_exprs(x)
 
 
 # ---------------------------------------------------------------------------------------------

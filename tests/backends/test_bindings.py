@@ -41,12 +41,18 @@ def _row_reader(ctx: oc.Context, symbol: oc.IndexSymbol):
 def test_a_binding_past_32_bits_is_out_of_bounds_on_every_backend(ctx):
     _, read = _row_reader(ctx, oc.IndexSymbol("b"))  # no size: the access is checked
     np.testing.assert_array_equal(read(1), ROWS[1])
-    for value in (2**32 + 1, 2**32, 4, 2**40):
+    for value in (2**32 + 1, 2**32, 4, 2**40, 2**62, 2**63 - 1):  # never an overflow of the offset
         with pytest.raises(OutOfBoundsError) as info:
             read(value)
         # Triton's error flag carries no site: its message points to the interpreter instead.
         assert ("rows" if ctx.backend_name != "triton" else "interp backend") in str(info.value)
     np.testing.assert_array_equal(read(3), ROWS[3])  # the routine still runs afterwards
+
+
+def test_a_far_binding_is_out_of_bounds_in_the_scalar_interpreter_too():
+    _, read = _row_reader(oc.Context("interp", interp_mode="scalar"), oc.IndexSymbol("b"))
+    with pytest.raises(OutOfBoundsError, match=r"read of rows at index \(4611686018427387904, 0\)"):
+        read(2**62)
 
 
 def test_numpy_integers_bind(ctx):

@@ -25,7 +25,7 @@ import ocannl as oc
 from golden import check_golden
 from handbuilt import accum, matvec, padded_conv1d
 from ocannl import nn, session, testing, train
-from ocannl.backends import base
+from ocannl.backends import registry
 from ocannl.backends.c import CBackend, CExecutable
 from ocannl.backends.c import compiler
 from ocannl.backends.c.emit import emit_c, function_name
@@ -665,7 +665,7 @@ def test_no_compiler_is_backend_unavailable(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))  # no cc, gcc or clang there
     with pytest.raises(BackendUnavailable, match="no C compiler found.*OCANNL_BACKEND=interp"):
         oc.Context("c")
-    assert base.best_available() == "interp"
+    assert registry.best_available() == "interp"
     x = oc.tensor(np.ones((2, 2), np.float32))
     ctx = oc.Context("interp")
     ctx.compile(x * 2).run()

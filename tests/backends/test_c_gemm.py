@@ -28,7 +28,7 @@ from ocannl.errors import OcannlError
 from ocannl.lowlevel import cpu_schedule, dtypes
 from ocannl.lowlevel.cpu_schedule import plan_contraction, plan_gemm
 from ocannl.lowlevel.indexing import Affine, Iter, Symbol
-from ocannl.lowlevel.ir import Binary, Const, Load, RoutineIR, Store, loop, seq
+from ocannl.lowlevel.ir import Binary, Const, For, Load, RoutineIR, Store, loop, seq
 from ocannl.lowlevel.scalar_ops import Binop
 from ocannl.lowlevel.summation import block_sums
 from ocannl.lowlevel.tnode import TNode
@@ -119,6 +119,43 @@ def test_every_product_of_a_training_step_is_packed(packed_from_one):
     assert "static inline void ocannl_gemm_" in text
     from ocannl.backends.c import compiler
     assert (text.count("#pragma omp parallel\n") == 3) == compiler.toolchain().openmp
+
+
+def dense_relu_step(k: int):
+    """A dense layer's SGD step, ``relu(w @ x + b)``, whose forward product the optimizer inlines
+    into the bias add."""
+    rng = np.random.default_rng(1)
+    x = oc.tensor(rng.standard_normal((24, k)).astype(np.float32), batch=1, label="x")
+    w = oc.param("w", output=40, init=rng.standard_normal((40, k)).astype(np.float32) / 16)
+    b = oc.param("b", output=40, init=rng.standard_normal(40).astype(np.float32))
+    w2 = oc.param("w2", output=k, init=rng.standard_normal((k, 40)).astype(np.float32) / 8)
+    update = train.grad_update((w2 @ oc.relu(w @ x + b)).relu().mean())
+    return update, train.sgd_update(update, lr=0.1)
+
+
+@needs_c
+@pytest.mark.parametrize("k", [cpu_schedule.GEMM_BLOCKING[1] // 2 + 7, cpu_schedule.GEMM_BLOCKING[1] + 44],
+                         ids=["one panel", "two panels"])
+def test_products_inlined_into_their_consumers_run_as_gemms(packed_from_one, k):
+    """A product inlined into its consumer (a bias add) runs as a packed GEMM into the result,
+    then the consumer over it (``cpu_schedule.gemm_with_epilogue``), with its terms in one ``kc``
+    panel or several: the interpreter's bits."""
+    values = {}
+    for name in ("c", "interp"):
+        session.reset()
+        update, sgd = dense_relu_step(k)
+        ctx = oc.Context(name)
+        step = ctx.compile(update, sgd)
+        for _ in range(2):
+            step.run()
+        values[name] = {p.label: ctx.get(p.value) for p in update.params}
+        if name == "c":
+            text = step._executable.source.text
+            split = [s for s in step.ir.body.stmts if isinstance(s, For)
+                     and cpu_schedule.gemm_with_epilogue(s, 32) is not None]
+            assert len(split) == 1, "the forward product with its bias add"
+            assert text.count("as a packed GEMM") >= len(split) + 1, text
+    assert_same_bits(values["c"], values["interp"], "dense relu step")
 
 
 @needs_c

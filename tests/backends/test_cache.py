@@ -7,12 +7,19 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import hashlib
 import os
 import shutil
+import signal
 import stat
+import subprocess
+import sys
 import tempfile
+import textwrap
+import time
 import warnings
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -89,12 +96,62 @@ def test_group_or_world_writable_cache_dir_is_replaced_with_a_warning(tmp_path, 
     assert stat.S_IMODE((tmp_path / "xdg").stat().st_mode) == 0o700  # parents made private too
 
 
-def test_unsafe_cache_dir_from_the_config_file_is_refused_too(tmp_path, monkeypatch):
-    unsafe = open_dir(tmp_path / "elsewhere", 0o775)
+PLANTED = """#include <stdio.h>
+__attribute__((constructor)) static void planted(void) {
+  FILE *f = fopen("MARKER", "a");
+  if (f) { fputs("planted code ran\\n", f); fclose(f); }
+}
+int ocannl_probe(int x) { return 3 * x + 1; }
+"""
+
+
+def plant_library(target: Path, marker: Path, record: str) -> None:
+    """A library at cache entry ``target`` whose constructor appends to ``marker``, with a record:
+    a bare digest (the format before records named their entry), or one sealed with a key other
+    than this user's."""
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    subprocess.run([cc, "-x", "c", "-", "-shared", "-fPIC", "-o", str(target)],
+                   input=PLANTED.replace("MARKER", str(marker)), text=True, check=True)
+    data = target.read_bytes()
+    if record == "bare digest":
+        cache.record_path(target).write_text(hashlib.sha256(data).hexdigest() + "\n")
+    else:
+        with mock.patch.object(cache, "_secret", lambda: b"the planter's own key"):
+            cache.record_path(target).write_text(cache._record(target, data))
+
+
+@needs_cc
+@pytest.mark.parametrize("record", ["bare digest", "sealed with another key"])
+def test_a_cloned_repository_cannot_plant_code_through_its_settings_file(tmp_path, monkeypatch, record):
+    """A repository carrying ``ocannl_config`` (``cache_dir=./.kcache``, and ``c_isa=portable``,
+    which makes the probe's key predictable) and ``.kcache/c/probes/<key>.so`` with its record:
+    compiling anything on c there runs none of it. The file's ``cache_dir`` is an error naming
+    the setting and the file; and a user who points ``OCANNL_CACHE_DIR`` at the folder anyway gets
+    the probes rebuilt, because their records are not sealed with this user's key."""
+    repo, marker = tmp_path / "repo", tmp_path / "marker"
+    kcache = repo / ".kcache"
+    monkeypatch.setenv("OCANNL_CACHE_DIR", str(kcache))
+    monkeypatch.setenv("OCANNL_C_ISA", "portable")
+    compiler.toolchain()  # the probe libraries at their predictable keys
+    probes = kernels(kcache / "c" / "probes")
+    assert probes
+    for library in probes:
+        plant_library(library, marker, record)
+    monkeypatch.setattr(toolchain, "_verdicts", {})  # the victim's own process
     monkeypatch.delenv("OCANNL_CACHE_DIR")
-    (tmp_path / "ocannl_config").write_text(f"cache_dir={unsafe}\n")
-    with pytest.warns(CacheWarning, match=r"cache_dir in .*ocannl_config.*writable by other users"):
-        assert cache.root() == tmp_path / "xdg" / "ocannl"
+    monkeypatch.delenv("OCANNL_C_ISA")
+    (repo / "ocannl_config").write_text("cache_dir=./.kcache\nc_isa=portable\n")
+    monkeypatch.chdir(repo)
+    with pytest.raises(OcannlError, match=rf"{repo / 'ocannl_config'}:1: cache_dir chooses where the compiled "
+                                          rf"code ocannl loads and runs is kept.*OCANNL_CACHE_DIR"):
+        doubled("c")
+    assert not marker.exists()
+    (repo / "ocannl_config").write_text("c_isa=portable\n")
+    monkeypatch.setenv("OCANNL_CACHE_DIR", "./.kcache")
+    with pytest.warns(CacheWarning, match=r"probes/.*\.so has a record (ocannl did not write|not sealed with this "
+                                          r"user's cache key).*rebuilding it"):
+        assert doubled("c") == [0.0, 2.0, 4.0, 6.0]
+    assert not marker.exists()
 
 
 @needs_root
@@ -157,13 +214,126 @@ def test_a_planted_library_is_rebuilt_not_loaded(tmp_path):
 
 
 @needs_cc
+def test_an_entry_copied_with_its_record_over_another_key_is_rebuilt(tmp_path):
+    """Two routines of one name (``mul_fwd``) computing different products: routine A's library
+    and record copied over routine B's key give B's caller B's product, never A's."""
+    c_dir = tmp_path / "cache" / "c"
+    assert doubled("c", 2.0) == [0.0, 2.0, 4.0, 6.0]
+    (doubling,) = kernels(c_dir)
+    assert doubled("c", 3.0) == [0.0, 3.0, 6.0, 9.0]
+    (tripling,) = set(kernels(c_dir)) - {doubling}
+    gc.collect()
+    shutil.copyfile(doubling, tripling)
+    shutil.copyfile(cache.record_path(doubling), cache.record_path(tripling))
+    with pytest.warns(CacheWarning, match=rf"{tripling.name} has the record of c/{doubling.name}, another entry"):
+        assert doubled("c", 3.0) == [0.0, 3.0, 6.0, 9.0]
+    assert cache.verified(tripling)
+
+
+@needs_cc
+def test_an_entry_sealed_with_another_users_key_is_rebuilt(tmp_path):
+    """A record made under another secret key (another user's cache, or this user's before the
+    key was made anew) does not verify: the record names the entry and its digest, and the seal
+    over both is what only this user's key makes."""
+    assert doubled("c") == [0.0, 2.0, 4.0, 6.0]
+    (library,) = kernels(tmp_path / "cache" / "c")
+    secret = tmp_path / "xdg" / "ocannl" / "secret"
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600 and len(secret.read_bytes()) == 32
+    gc.collect()
+    secret.unlink()  # a new key: records sealed under the old one are someone else's now
+    with pytest.warns(CacheWarning, match="has a record not sealed with this user's cache key"):
+        assert doubled("c") == [0.0, 2.0, 4.0, 6.0]
+    secret.write_bytes(b"x" * 32)
+    secret.chmod(0o644)  # readable by others: not a secret, replaced
+    with pytest.warns(CacheWarning, match="not sealed with this user's cache key"):  # under the new key
+        with pytest.warns(CacheWarning, match=rf"secret key {secret} is not a private file.*replacing it"):
+            assert not cache.verified(library)
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600 and secret.read_bytes() != b"x" * 32
+
+
+@needs_cc
+@pytest.mark.parametrize("kind", ["link to /dev/zero", "fifo", "link to a verified entry", "oversized"])
+def test_only_regular_files_of_bounded_size_are_read(tmp_path, kind):
+    """A cache file that is a link (to ``/dev/zero``, which would be read until memory runs out,
+    or to a verified entry elsewhere), a FIFO (a read would wait forever) or bigger than the limit
+    is rebuilt, not read; the record stays as it was, so nothing but the file decides."""
+    assert doubled("c") == [0.0, 2.0, 4.0, 6.0]
+    (library,) = kernels(tmp_path / "cache" / "c")
+    gc.collect()
+    elsewhere = tmp_path / "cache" / "c" / "probes" / library.name
+    shutil.copyfile(library, elsewhere)
+    library.unlink()
+    if kind == "link to /dev/zero":
+        library.symlink_to("/dev/zero")
+    elif kind == "fifo":
+        os.mkfifo(library)
+    elif kind == "link to a verified entry":
+        library.symlink_to(elsewhere)
+    else:
+        library.write_bytes(elsewhere.read_bytes())
+        assert cache.verified(library)
+        with pytest.warns(CacheWarning, match=r"is larger than 100 bytes.*rebuilding it"):
+            assert cache.read_verified(library, limit=100) is None
+        return
+    reason = "is not a regular file" if kind == "fifo" else "is a symbolic link"
+    with pytest.warns(CacheWarning, match=rf"{library.name} {reason}.*rebuilding it"):
+        assert doubled("c") == [0.0, 2.0, 4.0, 6.0]
+    assert stat.S_ISREG(library.lstat().st_mode) and cache.verified(library)
+
+
+@needs_root
+def test_a_cache_file_of_another_user_is_not_read(tmp_path):
+    target = cache.directory("c") / "x.so"
+    cache.write_verified(target, "entry")
+    assert cache.verified(target)
+    os.chown(target, 4242, 4242)
+    with pytest.warns(CacheWarning, match=r"x\.so belongs to another user \(uid 4242\)"):
+        assert not cache.verified(target)
+
+
+def test_a_cache_folder_reached_through_a_link_is_refused(tmp_path):
+    """``<root>/c`` a link to a private folder under a folder others can write: the root's
+    ancestor check would not see that parent, so the cache's folders must be directories."""
+    mine = open_dir(open_dir(tmp_path / "open") / "mine", 0o700)
+    cache.root().joinpath("c").symlink_to(mine)
+    with pytest.raises(CacheError, match=rf"{tmp_path / 'cache' / 'c'} is a symbolic link \(to {mine}\)"):
+        cache.directory("c")
+
+
+@needs_cc
+def test_only_the_bytes_verified_are_loaded(tmp_path, monkeypatch):
+    """A library is loaded only when it verifies, and only when its path still names the file
+    verified: one that fails, or that is swapped right after its check, is a CacheError and its
+    constructor never runs."""
+    marker = tmp_path / "marker"
+    target = cache.directory("c") / "planted.so"
+    plant_library(target, marker, "sealed with another key")
+    with pytest.raises(CacheError, match=r"not loading the cached .*planted\.so, which has a record not sealed "
+                                         r"with this user's cache key"):
+        SharedLibrary(target, "cc")
+    honest = compiler.compile_shared(compiler.PROBE, compiler.toolchain())
+    verified_file = cache._verified_file
+
+    @contextlib.contextmanager
+    def swapped_after_the_check(path, limit):
+        with verified_file(path, limit) as checked:
+            os.replace(target, path)  # the planted library takes the verified one's place
+            yield checked
+
+    monkeypatch.setattr(cache, "_verified_file", swapped_after_the_check)
+    with pytest.raises(CacheError, match="was replaced as it was about to be loaded"):
+        SharedLibrary(honest, "cc")
+    assert not marker.exists()
+
+
+@needs_cc
 @pytest.mark.parametrize("damage", ["truncated", "empty", "no digest", "binary digest", "garbage"])
 def test_a_damaged_library_is_rebuilt_never_an_oserror(tmp_path, damage):
     assert doubled("c") == [0.0, 2.0, 4.0, 6.0]
     (library,) = kernels(tmp_path / "cache" / "c")
     gc.collect()
     data = library.read_bytes()
-    digest = cache.digest_path(library)
+    digest = cache.record_path(library)
     if damage == "truncated":
         library.write_bytes(data[: len(data) // 2])
     elif damage == "empty":
@@ -206,7 +376,7 @@ def test_a_compiler_that_writes_nothing_is_a_compile_error(tmp_path):
     target = cache.directory("c") / "x.so"
     with pytest.raises(CompileError, match="exited successfully but wrote nothing"):
         cache.build_atomically(["true", "{tmp}"], None, target, "the compiler true")
-    assert not target.exists() and not cache.digest_path(target).exists()
+    assert not target.exists() and not cache.record_path(target).exists()
     assert not [p for p in target.parent.iterdir()]  # no temporary file left behind
 
 
@@ -452,13 +622,15 @@ def test_an_unwritable_debug_dir_is_an_error_naming_it(tmp_path, backend):
 
 
 
-def test_the_triton_modules_live_in_the_same_checked_cache(tmp_path, monkeypatch):
-    from ocannl.backends.triton import runtime
+def test_the_triton_tuning_records_live_in_the_same_checked_cache(tmp_path, monkeypatch):
+    from ocannl.backends.triton import autotune
 
+    key = autotune.DotKey("k0", 64, 64, 64, 1, "float32", "some GPU")
     monkeypatch.setenv("OCANNL_CACHE_DIR", str(open_dir(tmp_path / "shared")))
     with pytest.warns(CacheWarning, match="writable by other users"):
-        assert runtime.cache_dir() == tmp_path / "xdg" / "ocannl" / "triton"
-    assert stat.S_IMODE(runtime.cache_dir().stat().st_mode) == 0o700
+        folder = autotune.cache_path(key).parent
+    assert folder == tmp_path / "xdg" / "ocannl" / "triton" / "autotune"
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
 
 
 def test_a_settings_file_cannot_choose_a_program_to_run(tmp_path, monkeypatch):
@@ -470,3 +642,116 @@ def test_a_settings_file_cannot_choose_a_program_to_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(OcannlError, match="metal_cxx names a program to run"):
         config.get("metal_cxx")
+
+
+@pytest.mark.parametrize("line, why", [
+    ("debug_dir=/home/you/.ssh", "debug_dir chooses where ocannl writes files"),
+    ("cache_dir=./.kcache", "cache_dir chooses where the compiled code ocannl loads and runs is kept"),
+])
+def test_a_settings_file_cannot_choose_where_files_go(tmp_path, monkeypatch, line, why):
+    monkeypatch.delenv("OCANNL_CACHE_DIR")
+    (tmp_path / "ocannl_config").write_text(f"backend=c\n{line}\n")
+    with pytest.raises(OcannlError, match=rf"ocannl_config:2: {why}, which a settings file may not choose; set "
+                                          rf"OCANNL_{line.split('=')[0].upper()} in the environment"):
+        oc.Context("interp")
+    monkeypatch.setenv(f"OCANNL_{line.split('=')[0].upper()}", str(tmp_path / "from-env"))
+    (tmp_path / "ocannl_config").write_text("backend=interp\n")
+    assert config.get(line.split("=")[0]) == str(tmp_path / "from-env")  # the environment still may
+
+
+@pytest.mark.parametrize("key", ["cc", "cflags", "OCANNL_BAKCEND"])
+def test_an_unknown_key_in_the_settings_file_is_an_error_naming_it(tmp_path, key):
+    (tmp_path / "ocannl_config").write_text(f"# mine\nbackend=interp\n{key}=-O3\n")
+    with pytest.raises(OcannlError, match=rf"{tmp_path / 'ocannl_config'}:3: {key.lower().removeprefix('ocannl_')} "
+                                          rf"is not an ocannl setting; the file may set backend, c_fast"):
+        config.get("backend")
+
+
+def test_every_setting_read_is_in_the_table():
+    """Each name passed to config.get, flag or origin in the package is one of config.SETTINGS,
+    so the file's keys are checked against all the settings there are; a name outside it is a
+    programming error."""
+    import re
+
+    package = Path(config.__file__).parent
+    read = {name for path in package.rglob("*.py")
+            for name in re.findall(r"config\.(?:get|flag|origin)\(\s*[\"'](\w+)[\"']", path.read_text())}
+    read |= {"metal_threads", "metal_tree_min"}  # read in a loop over their names (metal/backend.py)
+    assert read <= config.SETTINGS.keys(), read - config.SETTINGS.keys()
+    assert config.ENVIRONMENT_ONLY.keys() <= config.SETTINGS.keys()
+    with pytest.raises(ValueError, match="'cc' is not an ocannl setting"):
+        config.get("cc")
+
+
+# ---------------------------------------------------------------------------------------------
+# A failed write, a killed compile
+
+
+@needs_cc
+def test_a_full_disk_during_the_probe_is_a_cache_error_tried_again(tmp_path, monkeypatch):
+    """The compiler killed by the file size limit while it writes the probe: the C backend is not
+    declared broken for the process ("install a C compiler"); once writes succeed again, the next
+    compile works."""
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    full = tmp_path / "disk-full"
+    full.touch()
+    monkeypatch.setenv("CC", str(script(tmp_path / "cc", f'[ -e {full} ] && ulimit -f 0\nexec {cc} "$@"\n')))
+    with pytest.raises(CacheError, match=r"could not write .*\.so into the kernel cache \((File size limit exceeded|"
+                                         r"the file size limit was exceeded)\).*the next compile tries again") as e:
+        compiler.toolchain()
+    assert "install a C compiler" not in str(e.value)
+    ok, reason = CBackend().available()
+    assert not ok and "could not write" in reason
+    full.unlink()  # space again
+    assert doubled("c") == [0.0, 2.0, 4.0, 6.0]
+
+
+def test_stale_temporary_files_are_removed_when_the_cache_is_next_used(tmp_path):
+    """A build killed mid-way leaves ``.<entry>.<random>.tmp``: one older than an hour goes when
+    its folder is next used; a recent one (a build in progress), a link and other files stay."""
+    folder = open_dir(tmp_path / "cache" / "c", 0o700)
+    stale, recent, kept = folder / ".abc.so.x1y2z3w4.tmp", folder / ".def.so.abcd1234.tmp", folder / "abc.so"
+    link = folder / ".link.so.00000000.tmp"
+    for path in (stale, recent, kept):
+        path.write_bytes(b"partial")
+    link.symlink_to(kept)
+    two_hours_ago = time.time() - 7200
+    for path in (stale, kept):
+        os.utime(path, (two_hours_ago, two_hours_ago))
+    os.utime(link, (two_hours_ago, two_hours_ago), follow_symlinks=False)
+    assert cache.directory("c") == folder
+    assert not stale.exists() and recent.exists() and kept.exists() and link.is_symlink()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_compiler_dies_with_the_process_that_started_it(tmp_path):
+    """``kill -9`` of a process that is compiling: its compiler does not run on."""
+    pid_file = tmp_path / "compiler.pid"
+    compiler_script = script(tmp_path / "slow-cc", f"echo $$ > {pid_file}\nexec sleep 60\n")
+    builder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        from pathlib import Path
+        from ocannl.backends import cache
+        cache.build_atomically([{str(compiler_script)!r}, "{{tmp}}"], None, cache.directory("c") / "x.so", "slow-cc")
+        """)], env=dict(os.environ, OCANNL_CACHE_DIR=str(tmp_path / "cache")))
+    try:
+        deadline = time.monotonic() + 30
+        while not (pid_file.exists() and pid_file.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        compiler_pid = int(pid_file.read_text())
+    finally:
+        builder.kill()
+        builder.wait()
+    deadline = time.monotonic() + 10
+    while alive(compiler_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if alive(compiler_pid):
+        os.kill(compiler_pid, signal.SIGKILL)
+        pytest.fail("the compiler outlived the process that started it")
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not: it only waits for its parent to reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

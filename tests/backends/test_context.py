@@ -5,8 +5,9 @@ import pytest
 
 from handbuilt import accum, matvec
 from ocannl import config, session
-from ocannl.backends import base
-from ocannl.backends.base import Context, default_context, register_backend
+from ocannl.backends import registry
+from ocannl.backends.context import Context, default_context
+from ocannl.backends.registry import register_backend
 from ocannl.errors import BackendUnavailable, IndexBindingError, OcannlError, SessionError, ShapeError
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.assignments import Block, Computation, Constant, Fetch, Slice, Values
@@ -123,6 +124,23 @@ def test_compile_accepts_objects_with_to_computation():
     assert ctx.get(c).tolist() == [3.0, 7.0]
     with pytest.raises(OcannlError, match="at least one"):
         ctx.compile()
+    with pytest.raises(SessionError, match=r"Context.compile takes tensors and computations, got 42 \(int\) as item 1"):
+        ctx.compile(comp, 42)
+
+
+def test_set_refuses_a_tensor_and_values_that_are_not_numbers():
+    import ocannl as oc
+
+    x = oc.tensor(np.zeros(3, np.float32))
+    ctx = Context("interp")
+    with pytest.raises(SessionError, match=r"takes values .*, got a tensor: to copy a tensor's value, pass ctx.get"):
+        ctx.set(x, oc.tensor(np.ones(3, np.float32)))
+    with pytest.raises(SessionError, match=r"takes numbers, got 'abc' \(str\)"):
+        ctx.set(x, "abc")
+    with pytest.raises(SessionError, match=r"takes numbers, got \[1, None, 2\]"):
+        ctx.set(x, [1, None, 2])
+    ctx.set(x, [1, 2, 3])
+    assert ctx.get(x).tolist() == [1.0, 2.0, 3.0]
 
 
 def test_binding_errors_name_the_symbol():
@@ -185,9 +203,9 @@ def test_debug_dir_from_environment(monkeypatch, tmp_path):
 
 def test_config_precedence(monkeypatch, tmp_path):
     assert config.get("backend", default="interp") == "interp"
-    (tmp_path / "ocannl_config").write_text("# settings\nOCANNL_BACKEND = from_file\ndebug_dir=\n")
+    (tmp_path / "ocannl_config").write_text("# settings\nOCANNL_BACKEND = from_file\ninterp_mode=\n")
     assert config.get("backend", default="interp") == "from_file"
-    assert config.get("debug_dir", default="dflt") == "dflt"  # empty means unset
+    assert config.get("interp_mode", default="dflt") == "dflt"  # empty means unset
     monkeypatch.setenv("OCANNL_BACKEND", "from_env")
     assert config.get("backend") == "from_env"
     assert config.get("backend", argument="from_arg") == "from_arg"
@@ -209,10 +227,10 @@ def test_backend_selection(monkeypatch):
         def compile(self, routine):
             raise AssertionError("never compiled")
 
-    monkeypatch.setattr(base, "_registry", dict(base._registry))
+    monkeypatch.setattr(registry, "_registry", dict(registry._registry))
     register_backend("broken", Broken, preference=100)
-    assert base.registered_backends()[0] == "broken" and "interp" in base.registered_backends()
-    assert Context.auto().backend_name == base.best_available() != "broken"  # the preferred one is unavailable
+    assert registry.registered_backends()[0] == "broken" and "interp" in registry.registered_backends()
+    assert Context.auto().backend_name == registry.best_available() != "broken"  # the preferred one is unavailable
     with pytest.raises(BackendUnavailable, match="backend 'broken' cannot run here: it is a test double"):
         Context("broken")
     monkeypatch.setenv("OCANNL_BACKEND", "interp")

@@ -19,7 +19,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
 import ocannl as oc  # noqa: E402
 from ocannl import session, testing  # noqa: E402
-from ocannl.backends.base import Context, get_backend  # noqa: E402
+from ocannl.backends.context import Context  # noqa: E402
+from ocannl.backends.registry import get_backend  # noqa: E402
 from ocannl.backends.c.emit import emit_c, function_name  # noqa: E402
 from ocannl.errors import BackendUnavailable, IndexBindingError  # noqa: E402
 from ocannl.lowlevel import dtypes  # noqa: E402

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from handbuilt import accum, matvec, padded_conv1d
-from ocannl.backends.base import Context
+from ocannl.backends.context import Context
 from ocannl.errors import OutOfBoundsError
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.assignments import (

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ocannl import testing
-from ocannl.backends.base import Context
+from ocannl.backends.context import Context
 from ocannl.backends.interp.interpreter import InterpBackend, InterpExecutable
 from ocannl.backends.interp.vectorized import VectorizedExecutable, carries_no_dependence
 from ocannl.errors import OcannlError, OutOfBoundsError

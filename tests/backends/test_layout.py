@@ -4,31 +4,13 @@ checks), so no module of one backend's folder imports another backend's folder."
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import ocannl.backends
+from tests.imports import imported_modules
 
 BACKENDS_DIR = Path(ocannl.backends.__file__).resolve().parent
 FOLDERS = sorted(p.name for p in BACKENDS_DIR.iterdir() if (p / "__init__.py").exists())
-
-
-def imported_modules(path: Path, package: str) -> list[tuple[int, str]]:
-    """Every module ``path`` (a module of ``package``) imports, absolute, with its line: the
-    names of ``from X import name`` count as ``X.name`` as well, since a name may be a module."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(parent + ([node.module] if node.module else []))
-            else:
-                base = node.module or ""
-            found.append((node.lineno, base))
-            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
-    return found
 
 
 def backend_of(module: str) -> str | None:

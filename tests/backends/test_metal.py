@@ -20,6 +20,7 @@ import dataclasses
 import re
 import shutil
 import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -28,7 +29,7 @@ import ocannl as oc
 from golden import check_golden
 from handbuilt import accum, matvec, padded_conv1d
 from ocannl import session, testing, train
-from ocannl.backends import base
+from ocannl.backends import registry
 from ocannl.backends.interp import InterpBackend
 from ocannl.backends.metal import KernelLimitError, MetalBackend, Options, emit_metal, harness
 from ocannl.backends.metal.emit import MAX_ARGUMENT_BUFFER_ENTRIES, MAX_BUFFERS, Kernel, check_limits
@@ -60,6 +61,7 @@ from ocannl.lowlevel.ir import (
     seq,
 )
 from ocannl.lowlevel.lower import lower_routine
+from ocannl.lowlevel.optimize import materialized_nodes, optimize
 from ocannl.lowlevel.scalar_ops import PRNG_OPS, Binop, Ternop, Unop
 from ocannl.lowlevel.tnode import TNode
 
@@ -644,6 +646,104 @@ def test_limits_are_checked_before_emission():
     check_limits(kernel, "big_group")
 
 
+def broadcast_add(rows: int, cols: int) -> RoutineIR:
+    """``c[i, j] = a[i, 0] + b[0, j]`` in float16, optimized with ``a``, ``b`` and ``c`` stored:
+    nothing is allocated until it runs."""
+    a, b, c = TNode("a", (rows, 1), dtypes.float16), TNode("b", (1, cols), dtypes.float16), TNode("c", (rows, cols), dtypes.float16)
+    i, j = Symbol(), Symbol()
+    add = accum(c, None, Binop.ADD, (a, b), [(i, rows), (j, cols)], (Iter(i), Iter(j)),
+                ((Iter(i), Fixed(0)), (Fixed(0), Iter(j))))
+    routine = lower_routine("broadcast", add)
+    return optimize(routine, materialized_nodes(routine) | {a, b})
+
+
+def test_a_buffer_over_2_31_cells_is_indexed_in_64_bits():
+    """A float16 broadcast add of 65537 x 1 and 1 x 32769 (2**31 + 98305 cells), counted in
+    ``int``, wrapped around and wrote outside its output. Every index and offset of such a
+    routine is a ``long``, and its grid, more points than a 32-bit thread position numbers, is
+    walked by a loop in each of the threads launched; a small routine keeps ``int``. Generated
+    code only: nothing of 2**31 cells is allocated."""
+    program = emit_metal(broadcast_add(65537, 32769))
+    (kernel,) = program.kernels
+    assert program.index_dtype is dtypes.int64 and not re.search(r"\bint\b", kernel.text)
+    launched = kernel.threadgroups * kernel.threads_per_threadgroup
+    assert launched == Options().max_grid_threads < 2**31
+    lines = kernel.text.splitlines()
+    assert f"  for (long _g = long(gid.x); _g < {65537 * 32769}; _g += {launched}) {{  /* this thread's grid points */" in lines
+    assert "    c[32769*i0 + i1] = half((float(a[i0]) + float(b[i1])));" in lines
+    small = emit_metal(broadcast_add(3, 5))
+    assert small.index_dtype is dtypes.int32 and "  const int _g = int(gid.x);  /* this thread's grid point */" in small.text
+    if HAVE_METAL:
+        parse_all([("wide", program.text)], "g++")
+
+
+@needs_metal
+def test_a_grid_of_more_points_than_threads_launched_matches_the_interpreter():
+    """With at most 64 threads launched, each thread walks its points 64 apart: a broadcast add
+    and a kernel of two statements on 1000 points compute the interpreter's values."""
+    x, y, z = TNode("x", (1000,)), TNode("y", (1000,)), TNode("z", (1000,))
+    twice = pointwise(y, lambda i: Binary(Binop.MUL, Load(x, (i,)), Const(2.0)))
+    plus_one = pointwise(z, lambda i: Binary(Binop.ADD, Load(y, (i,)), Const(1.0)))
+    rng = np.random.default_rng(3)
+    for routine in (broadcast_add(30, 50), RoutineIR("two_statements", seq(twice, plus_one))):
+        program = emit_metal(routine, Options(max_grid_threads=64))
+        assert all(k.threadgroups * k.threads_per_threadgroup <= 64 for k in program.kernels)
+        assert "_g += 64) {" in program.text
+        inputs = {n: rng.uniform(-2, 2, storage_shape(n)).astype(n.dtype.storage) for n in routine.reads}
+        expected = run_on(InterpBackend(), routine, inputs)
+        got = run_runner(program, harness.load(program, harness.toolchain()), inputs)
+        for node in routine.writes:
+            assert_same_bits(expected[node], got[node], f"{routine.name}: {node.name}")
+
+
+@needs_metal
+def test_a_kernel_of_many_statements_is_launched_in_parts():
+    """70 pointwise statements on one grid, one kernel of the partition, launch as kernels of
+    at most PART_STATEMENTS statements each (the compiler's time stays linear), in order."""
+    from ocannl.backends.codegen import PART_STATEMENTS
+
+    nodes = [TNode(f"t{k}", (16,)) for k in range(71)]
+    steps = [pointwise(nodes[k + 1], lambda i, k=k: Binary(Binop.ADD, Load(nodes[k], (i,)), Const(float(k))))
+             for k in range(70)]
+    routine = RoutineIR("chain", seq(*steps))
+    kernels = emit_metal(routine).kernels
+    assert len(kernels) == -(-70 // PART_STATEMENTS)
+    assert [k.text.count(" = (t") for k in kernels] == [PART_STATEMENTS, PART_STATEMENTS, 70 - 2 * PART_STATEMENTS]
+    expected, got = run_both(routine, {nodes[0]: np.arange(16, dtype=np.float32)})
+    for node in routine.writes:
+        assert_same_bits(expected[node], got[node], node.name)
+
+
+def chain_of_pointwise_ops(n: int, term: str):
+    """``n`` steps ``y := y * 1.0001 + t`` (2n ops), ``t`` the constant 0.5 or ``y`` itself (which
+    the optimizer does not inline: one stored statement per step)."""
+    y = oc.tensor(np.ones(8, np.float32))
+    for _ in range(n):
+        y = y * 1.0001 + (0.5 if term == "constant" else y)
+    return y
+
+
+@needs_metal
+@pytest.mark.slow
+@pytest.mark.parametrize("term", ["constant", "itself"])
+def test_a_chain_of_2000_pointwise_ops_compiles_within_twice_the_time_of_c(monkeypatch, tmp_path, term):
+    """Partitioning took time quadratic in the statements of a kernel, and the shim's compiler
+    time superlinear in a kernel's length: a chain of 2,000 ops took minutes on metal. Both
+    backends compile into a fresh cache, their toolchains already probed."""
+    monkeypatch.setenv("OCANNL_CACHE_DIR", str(tmp_path))
+    seconds = {}
+    for backend in ("c", "metal"):
+        session.reset()
+        oc.Context(backend).compile(chain_of_pointwise_ops(1, term))
+        session.reset()
+        y = chain_of_pointwise_ops(1000, term)
+        ctx = oc.Context(backend)
+        start = time.perf_counter()
+        ctx.compile(y)
+        seconds[backend] = time.perf_counter() - start
+    assert seconds["metal"] <= 2 * seconds["c"], seconds
+
+
 def wide_slice() -> tuple[RoutineIR, list[TNode], TNode, IndexSymbol]:
     """``out[i] = x[row, i] + in0[i] + ... + in31[i]``: 34 buffers, the symbol ``row`` (no size:
     its access is checked when it runs) and the status buffer, 36 arguments."""
@@ -754,9 +854,9 @@ def test_context_and_environment_select_metal_but_auto_never_picks_it(monkeypatc
     monkeypatch.delenv("OCANNL_BACKEND")
     assert oc.Context.auto().backend_name != "metal"
     for name in ("c", "triton"):  # nothing better available: still interp, never the shim
-        registration = base._registry[name]
-        monkeypatch.setitem(base._registry, name, dataclasses.replace(registration, factory=_Unavailable))
-    assert base.best_available() == "interp" and oc.Context.auto().backend_name == "interp"
+        registration = registry._registry[name]
+        monkeypatch.setitem(registry._registry, name, dataclasses.replace(registration, factory=_Unavailable))
+    assert registry.best_available() == "interp" and oc.Context.auto().backend_name == "interp"
 
 
 class _Unavailable:
@@ -770,7 +870,7 @@ class _Unavailable:
 def test_moons_trains_on_metal_as_on_c():
     from examples.moons import train_moons
 
-    if not base.get_backend("c").available()[0]:
+    if not registry.get_backend("c").available()[0]:
         pytest.skip("no C compiler")
     on_c = train_moons(oc.Context("c"), epochs=1, n_points=100)
     session.reset()
@@ -923,3 +1023,18 @@ def test_catalog_compiled_by_clang(monkeypatch):
         expected, got = run_both(routine, tree_inputs(routine))
         for node in routine.writes:
             np.testing.assert_allclose(got[node], expected[node], rtol=1e-5, atol=1e-4, err_msg=name)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "2.5", "many"])
+def test_thread_and_tree_settings_must_be_positive_integers(monkeypatch, value):
+    from ocannl.backends.metal.backend import options
+    from ocannl.errors import OcannlError
+
+    for setting in ("METAL_THREADS", "METAL_TREE_MIN"):
+        monkeypatch.setenv(f"OCANNL_{setting}", value)
+        with pytest.raises(OcannlError, match=rf"setting {setting.lower()} \(OCANNL_{setting}\) must be a positive "
+                                              rf"integer, got '{re.escape(value)}': unset it for its default \(256\)"):
+            options()
+        monkeypatch.delenv(f"OCANNL_{setting}")
+    monkeypatch.setenv("OCANNL_METAL_THREADS", "64")
+    assert options().threads_per_threadgroup == 64

@@ -10,7 +10,7 @@ from backend_params import backend_param
 
 import ocannl as oc
 from ocannl import nn, session, testing, train
-from ocannl.backends.base import Context
+from ocannl.backends.context import Context
 from ocannl.backends.partition import Launch, group, launch_hazards, partition
 from ocannl.lowlevel.indexing import Fixed, Iter, Symbol
 from ocannl.lowlevel.ir import Binary, Const, Load, Seq, Store, loop
@@ -117,6 +117,29 @@ def _sgd_step():
     diff = nn.mlp(hid_dims=(64,), label="wide")(x) - target
     update = train.grad_update((diff * diff).mean(label="loss"))
     return [update, train.sgd_update(update, lr=0.1)]
+
+
+def test_partitioning_walks_each_statement_a_fixed_number_of_times(monkeypatch):
+    """What a statement accesses is found once per statement, not at every kernel it is tried in
+    nor at every join of the kernel it is in: a chain of pointwise statements (one kernel that
+    keeps growing) and independent statements of distinct grids (each a kernel of its own, each
+    tried in every earlier one) walk each statement for its accesses a fixed number of times.
+    Checking the signature rule over the whole kernel at each join made a chain of 2,000
+    pointwise ops take minutes to partition."""
+    from ocannl.backends import partition as module
+
+    walks = []
+    counted = module.accesses
+    monkeypatch.setattr(module, "accesses", lambda stmt, **kw: (walks.append(stmt), counted(stmt, **kw))[1])
+    n = 300
+    chain = [TNode(f"c{k}", (64,)) for k in range(n + 1)]
+    steps = [_scale(chain[k + 1], chain[k], 1.0001) for k in range(n)]
+    assert len(partition(Seq(tuple(steps)))) == 1
+    assert len(walks) <= 2 * n
+    walks.clear()
+    independent = [_scale(TNode(f"o{k}", (k + 1,)), TNode(f"i{k}", (k + 1,)), 2.0) for k in range(n)]
+    assert len(partition(Seq(tuple(independent)))) == n
+    assert len(walks) <= 2 * n
 
 
 def _moved_statements(build) -> int:

@@ -57,6 +57,5 @@ def test_fast_runs_refuse_bad_bindings_and_raise_kernel_errors(backend):
     assert ctx.stats.runs == runs and float(ctx.get(cell)) == TABLE[2, 1]
     with pytest.raises(OutOfBoundsError):  # past the table's row: the kernel's check fails
         routine.run(b=5)
-        ctx.get(cell)  # where a backend reports its kernels' failures at the next read (Triton)
     routine.run(b=4)  # and the routine still runs afterwards
     assert float(ctx.get(cell)) == TABLE[2, 4]

@@ -245,7 +245,7 @@ def test_a_repeated_run_still_refuses_a_node_another_routine_inlined():
 def test_routines_run_in_alternation_stay_right_and_fast(backend):
     """A training step and an evaluation alternating: neither changes what the other checks, so
     both keep run()'s fast path (the module's epoch does not move); a set still reaches both."""
-    from ocannl.backends import base
+    from ocannl.backends.session_state import session_state
 
     ctx, step, loss, w = _training(backend)
     probe = oc.tensor(np.ones((2, 3), np.float32), batch=1, label="probe")
@@ -254,12 +254,12 @@ def test_routines_run_in_alternation_stay_right_and_fast(backend):
     for s in range(3):
         step.run(batch_n=s, step_n=s)
         evaluation.run()
-    epoch = base._epoch
+    epoch = session_state.epoch
     for s in range(3, 5):
         step.run(batch_n=s % 4, step_n=s)
         evaluation.run()
         np.testing.assert_allclose(ctx.get(scores), np.tile(ctx.get(w).sum(axis=1), (2, 1)), rtol=1e-6)
-    assert base._epoch == epoch
+    assert session_state.epoch == epoch
     w.set(np.zeros((4, 3), np.float32))
     evaluation.run()
     np.testing.assert_array_equal(ctx.get(scores), np.zeros((2, 4), np.float32))

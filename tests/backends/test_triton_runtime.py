@@ -3,13 +3,14 @@ autotune.py, tiling.py, writer.py), under Triton's CPU interpreter.
 
 What needs a GPU is not run here: the direct calls of compiled launchers, CUDA graph capture and
 the autotuner's measurements. What they rest on is: the symbol table the kernels read, the
-kernel calls built once per set of buffers, the lazily checked error flag, the refusal of CUDA
+kernel calls built once per set of buffers, the error flag and when it is read, the refusal of CUDA
 graphs without a GPU, the autotuner's key, disk cache, fallback and search (with a fake timer),
 and split-K's plan, code (interpreted, and compiled for sm_90) and values.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 
@@ -26,7 +27,7 @@ if os.environ["TRITON_INTERPRET"] != "1":
 import ocannl as oc  # noqa: E402
 from ocannl import session, testing, train  # noqa: E402
 from ocannl.backends import cache  # noqa: E402
-from ocannl.backends.base import Context  # noqa: E402
+from ocannl.backends.context import Context  # noqa: E402
 from ocannl.backends.partition import partition  # noqa: E402
 from ocannl.backends.triton import autotune, generate, tiling  # noqa: E402
 from ocannl.backends.triton.autotune import DotKey  # noqa: E402
@@ -178,7 +179,7 @@ def test_after_its_first_launch_on_a_gpu_a_kernel_calls_its_compiled_launcher_di
 
 
 # ---------------------------------------------------------------------------------------------
-# Errors, checked lazily
+# Errors: a routine's run reads its flag at once, an executable's run leaves it for the next read
 
 
 def _gather_out_of_range():
@@ -187,14 +188,17 @@ def _gather_out_of_range():
     return oc.take(table, ids, label="picked")
 
 
-def test_an_out_of_range_gather_surfaces_at_the_next_read_once():
+def test_an_out_of_range_gather_is_raised_by_its_run_and_by_the_next_read_once():
     y = _gather_out_of_range()
     ctx = Context("triton")
     routine = ctx.compile(y)
-    routine.run()  # no device-to-host read here
-    assert list(ctx._memory.pending) == [routine._executable]
     with pytest.raises(OutOfBoundsError, match=rf"routine {routine.name}: a gather position into table \(axis 0 of "
                                                rf"dims \(5, 3\)\) is outside its axis"):
+        routine.run()  # a routine that can fail reads its flag at once (docs/semantics.md, "Failed runs")
+    assert not ctx._memory.pending
+    routine._executable.run(routine._buffers, {})  # the executable alone: no device-to-host read here
+    assert list(ctx._memory.pending) == [routine._executable]
+    with pytest.raises(OutOfBoundsError, match="outside its axis"):
         ctx.get(y)
     assert not ctx._memory.pending
     ctx.get(y)  # raised once: the flag was cleared
@@ -204,14 +208,16 @@ def test_synchronize_raises_the_pending_error_and_run_many_raises_earlier_runs_e
     y = _gather_out_of_range()
     ctx = Context("triton")
     routine = ctx.compile(y)
-    routine.run()
-    with pytest.raises(OutOfBoundsError, match="outside its axis"):
-        ctx._memory.synchronize()
-    ctx._memory.synchronize()  # nothing pending any more
     s = oc.IndexSymbol("s", 4)
     rows = oc.tensor(data(4, 3), batch=1, label="rows")
     stepper = ctx.compile((rows[s] * 1.0).materialize())
-    routine.run()
+    with pytest.raises(OutOfBoundsError):
+        routine.run()  # binds the buffers; the executable's runs below leave their errors pending
+    routine._executable.run(routine._buffers, {})
+    with pytest.raises(OutOfBoundsError, match="outside its axis"):
+        ctx._memory.synchronize()
+    ctx._memory.synchronize()  # nothing pending any more
+    routine._executable.run(routine._buffers, {})
     with pytest.raises(OutOfBoundsError) as info:
         stepper.run_many(s=[0, 1])
     assert f"routine {routine.name}" in str(info.value) and getattr(info.value, "step", None) is None
@@ -230,9 +236,8 @@ def test_the_error_names_the_failing_check_and_several_failures_give_the_same_on
         ctx = Context("triton")
         routine = ctx.compile(both)
         assert len(routine._executable.source.sites) == 2
-        routine.run(b=9)
         with pytest.raises(OutOfBoundsError) as info:
-            ctx.get(both)
+            routine.run(b=9)
         messages.add(str(info.value))
     (message,) = messages
     assert message.split(": ", 1)[1].split(";")[0] in routine._executable.source.sites.values()
@@ -272,6 +277,41 @@ def test_the_tuning_cache_round_trips_and_its_key_includes_the_device(cache_dir)
     path.write_text(path.read_text().replace('"block_m": 64', '"block_m": 16'))  # not what was recorded
     with pytest.warns(cache.CacheWarning, match="does not match its recorded digest"):
         assert autotune.load(KEY) is None
+
+
+def test_a_tuned_configuration_copied_to_another_key_is_rebuilt_not_read(cache_dir):
+    """A record names its entry: a configuration copied with its record under another key's name
+    is measured again, with a warning, before its contents are even parsed."""
+    other = DotKey(**{**KEY.__dict__, "k": 2048})
+    path = autotune.store(KEY, DotBlocks(64, 128, 32, 8, 8, 3))
+    copy = autotune.cache_path(other)
+    copy.write_bytes(path.read_bytes())
+    cache.record_path(copy).write_bytes(cache.record_path(path).read_bytes())
+    with pytest.warns(cache.CacheWarning, match=rf"has the record of autotune/{path.name}, another entry"):
+        assert autotune.load(other) is None
+
+
+def test_a_planted_bytecode_file_never_runs(cache_dir, tmp_path):
+    """A routine's module is executed from its generated text: a ``.pyc`` with an unchecked
+    hash planted where Python's import system would look for the module's bytecode never runs,
+    and no module file is written to the cache."""
+    import importlib.util
+    import py_compile
+
+    from ocannl.backends.triton.emit import ModuleSource
+    from ocannl.backends.triton.runtime import load_module
+
+    marker = tmp_path / "marker"
+    text = "VALUE = 1\n"
+    planted = cache_dir / "triton" / f"planted-{hashlib.sha256(text.encode()).hexdigest()[:16]}.py"
+    planted.parent.mkdir(parents=True, mode=0o700)
+    planted.write_text(f"VALUE = 2\nopen({str(marker)!r}, 'w').close()\n")
+    py_compile.compile(str(planted), cfile=importlib.util.cache_from_source(str(planted)), doraise=True,
+                       invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    planted.unlink()
+    module = load_module(ModuleSource(routine="planted", kernels=[], text=text, checks_positions=False))
+    assert module.VALUE == 1 and not marker.exists()
+    assert not list((cache_dir / "triton").glob("*.py"))
 
 
 def test_without_tuning_or_without_a_gpu_the_heuristic_table_serves(cache_dir, monkeypatch):

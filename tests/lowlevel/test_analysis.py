@@ -126,3 +126,32 @@ def test_cell_provably_within_needs_every_axis():
     assert an.cell_provably_within((Iter(i), Iter(j)), (2, 3), extents)
     assert not an.cell_provably_within((Iter(i), Affine(((1, j),), 1)), (2, 3), extents)
     assert an.cell_provably_within((), (), {})
+
+
+def test_can_fail_names_the_checks_a_run_makes():
+    """A routine can fail where an access may leave its buffer with no defined outcome, or an
+    integer division may meet 0: the routines whose failed runs are undone (base.Routine)."""
+    i = Symbol()
+    x, ids = TNode("x", (4,)), TNode("ids", (4,), dtypes.int32)
+    a, q = TNode("a", (4,), dtypes.int32), TNode("q", (4,), dtypes.int32)
+    sized, unsized = IndexSymbol("n", 4), IndexSymbol("u")
+
+    def each(value, store=x):
+        return loop(i, 4, Store(store, (Iter(i),), value))
+
+    assert not an.can_fail(each(Load(x, (Iter(i),))))
+    assert not an.can_fail(Store(x, (Iter(sized),), Const(1.0)))  # a run checks the binding first
+    assert an.can_fail(Store(x, (Iter(unsized),), Const(1.0)))
+    assert not an.can_fail(each(Load(x, (Affine(((1, i),), 2),), oob_value=0.0)))  # a margin reads 0
+    assert an.can_fail(each(Load(x, (Affine(((1, i),), 2),))))
+    assert not an.can_fail(Store(x, (Affine(((1, i),), 2),), Const(1.0), skip_oob=True))
+    assert an.can_fail(each(LoadDynamic(x, 0, Load(ids, (Iter(i),)), ())))
+    assert an.can_fail(loop(i, 4, StoreDynamic(x, 0, Load(ids, (Iter(i),)), (), Const(1.0))))
+    assert an.can_fail(each(Binary(Binop.DIV, Load(a, (Iter(i),)), Load(ids, (Iter(i),))), q))
+    assert not an.can_fail(each(Binary(Binop.DIV, Load(a, (Iter(i),)), Const(2, dtypes.int32)), q))
+    assert not an.can_fail(each(Binary(Binop.DIV, Load(x, (Iter(i),)), Const(0.0))))  # a float: inf
+    assert not an.can_fail(seq(each(Load(x, (Iter(i),))), Fill(x, Const(0.0))))
+    failing = Store(x, (Iter(unsized),), Const(1.0))
+    zero = Const(0, dtypes.int32)
+    assert an.writes_before_failure(seq(Fill(q, zero), failing, Fill(a, zero))) == (q, x)
+    assert an.writes_before_failure(seq(Fill(q, zero), Fill(a, zero))) == ()

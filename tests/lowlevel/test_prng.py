@@ -4,8 +4,9 @@ oracle (prng_reference.py) bit for bit; the random fills of ocannl/lowlevel/prng
 import numpy as np
 import pytest
 
+from backend_params import backend_param
 from handbuilt import accum
-from ocannl.backends.base import Context
+from ocannl.backends.context import Context
 from ocannl.backends.interp import InterpBackend
 from ocannl.lowlevel import dtypes, prng
 from ocannl.lowlevel.assignments import Accum, Apply, Arg, CellOffset, Computation, format_cd
@@ -162,6 +163,67 @@ def test_distributions():
     assert abs(normal.mean()) < 0.05 and abs(normal.std() - 1) < 0.05
     assert np.isfinite(normal).all()
 
+
+
+def box_muller_of(u1: np.ndarray, u2: np.ndarray, dtype, backend: str = "interp") -> np.ndarray:
+    """``prng.box_muller`` of the given uniforms, cell by cell, computed on ``backend``."""
+    n, i = len(u1), Symbol()
+    a, b, z = TNode("u1", (n,), dtype), TNode("u2", (n,), dtype), TNode("z", (n,), dtype)
+    fill = accum(z, None, prng.box_muller(Arg(0), Arg(1), dtype), (a, b), [(i, n)], (Iter(i),), ((Iter(i),),) * 2)
+    ctx = Context(backend)
+    ctx.set(a, u1.astype(dtype.storage))
+    ctx.set(b, u2.astype(dtype.storage))
+    ctx.compile(Computation("box_muller", fill)).run()
+    return ctx.get(z)
+
+
+def grid_uniforms(dtype, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` random pairs ``(u1, u2)`` on ``dtype``'s uniform grid (multiples of 2**-p), then
+    every pairing of the extremes: ``1 - u1`` at 2**-p (the smallest), at 1, and at and beside
+    each boundary ``sqrt(2) * 2**-k`` of the log's range reduction; ``u2`` at and beside each
+    eighth of a turn (the cosine's zeros, extremes and quadrant boundaries)."""
+    p = np.finfo(dtype.storage).nmant + 1
+    step = 2.0**-p
+    u1, u2 = RNG.integers(0, 2**p, (2, n)) * step
+    boundaries = np.round(np.sqrt(2) * 2.0 ** -np.arange(1, p + 1) / step) * step
+    v = np.clip(np.concatenate([[step, 1.0], boundaries, boundaries - step, boundaries + step]), step, 1.0)
+    eighths = np.arange(8) / 8
+    turns = np.clip(np.concatenate([eighths, eighths - step, eighths + step]), 0.0, 1.0 - step)
+    edge1, edge2 = np.meshgrid(1.0 - v, turns)
+    return np.concatenate([u1, edge1.ravel()]), np.concatenate([u2, edge2.ravel()])
+
+
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float64], ids=lambda d: d.name)
+def test_box_muller_is_within_a_few_ulps_of_the_exact_transform(dtype):
+    """Against the float64 transform of the same uniforms (for float64, numpy's few-ulp log and
+    sine). The reference takes the cosine as ``sin(2 pi (|1/2 - u2| - 1/4))``, an identity, so
+    that it stays relatively accurate near the cosine's zeros, where ``cos(2 pi u2)`` would
+    round ``2 pi u2`` first."""
+    u1, u2 = grid_uniforms(dtype, 100_000)
+    z = box_muller_of(u1, u2, dtype).astype(np.float64)
+    exact = np.sqrt(-2 * np.log1p(-u1)) * np.sin(2 * np.pi * (np.abs(0.5 - u2) - 0.25))
+    eps = np.finfo(dtype.storage).eps
+    assert np.all(np.abs(z - exact) <= 8 * eps * np.abs(exact))
+    assert np.array_equal(z == 0, exact == 0)
+
+
+@pytest.mark.parametrize("backend, dtype", [
+    pytest.param(b, d, marks=backend_param(b).marks, id=f"{b}-{d.name}")
+    for b, d in [("c", dtypes.float32), ("metal", dtypes.float32), ("triton", dtypes.float32),
+                 ("c", dtypes.float64), ("triton", dtypes.float64)]  # Metal has no float64
+])
+def test_box_muller_has_the_interpreters_bits_on_every_backend(backend, dtype):
+    """Only exactly rounded operators: the same bits everywhere, extremes included."""
+    u1, u2 = grid_uniforms(dtype, 2000)
+    np.testing.assert_array_equal(box_muller_of(u1, u2, dtype, backend), box_muller_of(u1, u2, dtype))
+
+
+def test_normal_fill_statistics():
+    node = TNode("z", (100_000,))
+    z = run(prng.normal_fill(node, seed=0, stream=5)).get(node).astype(np.float64)
+    assert abs(z.mean()) < 0.01 and abs(z.std() - 1) < 0.01  # about 3 standard errors
+    assert abs(np.mean(np.abs(z) > 2) - 0.0455) < 0.003  # P(|z| > 2), within 4.5 standard errors
+    assert np.abs(z).max() <= np.sqrt(-2 * np.log(2.0**-24)) * (1 + 1e-6)  # 1 - u1 >= 2**-24
 
 def test_seeds_streams_and_draws_give_different_keys():
     node = TNode("w", (16,))

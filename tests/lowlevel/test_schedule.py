@@ -198,3 +198,62 @@ def test_regrouping_says_how_each_accumulator_combines_its_terms():
     assert regrouping(Binop.DIV, dtypes.float32) == Regrouping(Binop.MUL, False)
     assert regrouping(Binop.DIV, dtypes.int32) is None
     assert regrouping(Binop.POW, dtypes.float32) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Nest plans: the C-family printer's decisions as records, read here without printing C
+
+
+def _matmul(m: int, n: int, k: int):
+    """``c[i, j] := 0; for k: c[i, j] += a[i, k] * b[k, j]`` over ``m x n`` cells, in loop order."""
+    a, b, c = TNode("a", (m, k)), TNode("b", (k, n)), TNode("c", (m, n))
+    i, j, s = Symbol(), Symbol(), Symbol()
+    reset = Store(c, (Iter(i), Iter(j)), Const(0.0, dtypes.float32))
+    return loop(i, m, loop(j, n, seq(reset, loop(s, k, accumulate(c, i, j, product(a, b, i, j, s))))))
+
+
+def test_nest_plan_of_a_small_matmul_holds_its_tiles_and_vector_lanes():
+    plan = cpu_schedule.plan_nest(_matmul(M, N, K), vector_bytes=32, threads=True)
+    assert plan.contraction is not None and plan.contraction.gemm is None, "too small to pack"
+    assert not plan.parallel and plan.branchless, "16-column tiles: selects without branches"
+    (group,) = plan.tile_nests
+    (tiles,) = group
+    assert tiles.rows == cpu_schedule.TileSpan(looped=True, start=0, stop=M, size=4)
+    assert tiles.cols == cpu_schedule.TileSpan(looped=False, start=0, stop=N, size=16)
+    assert tiles.lanes == 8 and not tiles.parallel, "two AVX2 vectors a row; 8192 multiply-adds"
+    scalar = cpu_schedule.plan_nest(_matmul(M, N, K), vector_bytes=None, threads=True)
+    assert scalar.tile_nests[0][0].lanes is None, "a target without vectors the walk writes"
+
+
+def test_nest_plan_splits_ragged_tiles_and_keeps_narrow_ones_branching():
+    plan = cpu_schedule.plan_nest(_matmul(10, 2, 256), vector_bytes=None, threads=True)
+    assert not plan.branchless, "2-column tiles are serial chains: branches serve them better"
+    spans = [(t.rows, t.cols) for t in plan.tile_nests[0]]
+    assert spans == [(cpu_schedule.TileSpan(True, 0, 8, 4), cpu_schedule.TileSpan(False, 0, 2, 2)),
+                     (cpu_schedule.TileSpan(False, 8, 10, 2), cpu_schedule.TileSpan(False, 0, 2, 2))]
+
+
+def test_nest_plan_runs_big_nests_on_threads_only_where_a_region_may_open():
+    big = _matmul(256, 256, 32)  # 2^21 multiply-adds: TILE_PARALLEL_MIN_WORK and GEMM_PARALLEL_MIN_WORK
+    assert all(t.parallel for t in cpu_schedule.plan_nest(big, None, threads=True).tile_nests[0])
+    assert not any(t.parallel for t in cpu_schedule.plan_nest(big, None, threads=False).tile_nests[0])
+    packed = cpu_schedule.plan_nest(big, 32, threads=True).contraction.gemm
+    assert packed is not None and packed.parallel and (packed.mr, packed.nr, packed.lanes) == (6, 16, 8)
+    assert not cpu_schedule.plan_nest(big, 32, threads=False).contraction.gemm.parallel
+
+
+def test_nest_plan_of_plain_loops_decides_threads_and_store_order():
+    n = cpu_schedule.PARALLEL_MIN_WORK
+    x, y = TNode("x", (n,)), TNode("y", (n,))
+    i = Symbol()
+    scale = loop(i, n, Store(y, (Iter(i),), Binary(Binop.MUL, Load(x, (Iter(i),)), Const(2.0, dtypes.float32))))
+    plan = cpu_schedule.plan_nest(scale, 32, threads=True)
+    assert plan.contraction is None and plan.nest is scale and plan.parallel and plan.branchless
+    assert not cpu_schedule.plan_nest(scale, 32, threads=False).parallel
+    small = loop(i, 64, Store(y, (Iter(i),), Load(x, (Iter(i),))))
+    assert not cpu_schedule.plan_nest(small, 32, threads=True).parallel, "below PARALLEL_MIN_WORK"
+    a, b = TNode("a", (8, 4)), TNode("b", (8, 4))
+    r, q = Symbol(), Symbol()
+    transposed = loop(q, 4, loop(r, 8, Store(b, (Iter(r), Iter(q)), Load(a, (Iter(r), Iter(q))))))
+    reordered = cpu_schedule.plan_nest(transposed, 32, threads=True)
+    assert reordered.nest.symbol is r and reordered.nest.body.symbol is q and reordered.branchless

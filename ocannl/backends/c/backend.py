@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ocannl.backends.base import at_step
+from ocannl.backends.bindings import at_step
 from ocannl.backends.c.compiler import compile_shared, openmp_wait_settings, toolchain
 from ocannl.backends.c.emit import CSource, emit_c
 from ocannl.backends.native import buffer_address, raise_for_status
+from ocannl.backends.profile import Counters
 from ocannl.backends.shared_library import SharedLibrary
 from ocannl.errors import BackendUnavailable, OcannlError
 from ocannl.lowlevel.indexing import IndexSymbol
@@ -33,6 +33,8 @@ class CBackend:
     """The ``c`` backend (registered in ``ocannl.backends.base``)."""
 
     name = "c"
+    profiles = True
+    """It compiles profiling executables (ocannl/backends/profile.py)."""
 
     def available(self) -> tuple[bool, str]:
         try:
@@ -42,9 +44,9 @@ class CBackend:
         extras = ", OpenMP" if tc.openmp else ", no OpenMP"
         return True, f"{tc.description}, flags {' '.join(tc.flags)}{extras}"
 
-    def compile(self, routine: RoutineIR) -> CExecutable:
+    def compile(self, routine: RoutineIR, *, profile: bool = False) -> CExecutable:
         tc = toolchain()
-        source = emit_c(routine, parallel=tc.openmp, vector_bytes=tc.vector_bytes)
+        source = emit_c(routine, parallel=tc.openmp, vector_bytes=tc.vector_bytes, profile=profile)
         return CExecutable(routine, source, compile_shared(source.text, tc))
 
 
@@ -68,6 +70,17 @@ class CExecutable:
             ctypes.c_void_p, ctypes.c_void_p])
         self._sizes = [n.size * n.dtype.lanes for n in source.nodes]
         self._prepared: Callable[[Mapping[IndexSymbol, int]], None] | None = None
+        self.profiling = source.profile_entry is not None
+        """A profiling build (ocannl/backends/profile.py): :meth:`take_profile` reads its counters."""
+        if self.profiling:
+            self._profile_function = shared.function(source.profile_entry, None, [ctypes.c_void_p])
+
+    def take_profile(self) -> Counters:
+        """A profiling build's counters since the last call (ocannl/backends/profile.py)."""
+        values = (ctypes.c_double * (self.source.timers + 2))()
+        self._profile_function(values)
+        timers = self.source.timers
+        return Counters(int(values[timers + 1]), values[timers], tuple(values[:timers]))
 
     def run(self, buffers: Mapping[TNode, np.ndarray], bindings: Mapping[IndexSymbol, int]) -> None:
         self.prepare(buffers)(bindings)

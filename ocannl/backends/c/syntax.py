@@ -3,7 +3,8 @@
 Every operator prints so that the compiled code computes the interpreter's bits
 (ocannl/lowlevel/scalar_ops.py, backends/interp): arithmetic is plain C in the compute type (the
 compiler runs with ``-ffp-contract=off``, so no fused multiply-add appears that the IR did not
-ask for, and ``-fwrapv``, so integer results wrap around). The transcendental functions are the
+ask for), except signed integer arithmetic, computed in unsigned types so that it wraps around
+without relying on ``-fwrapv`` (``CFamilySyntax._wrapping``). The transcendental functions are the
 C library's ``expf``, ``logf``...: they agree with the interpreter (numpy) to within
 ``scalar_ops.LIBM_MAX_ULPS`` ulps, not always bit for bit; ``pow`` is the C library's
 ``powf``/``pow`` as in the interpreter, bit for bit (docs/semantics.md, "Numerics").

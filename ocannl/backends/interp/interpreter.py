@@ -13,24 +13,24 @@ calls the routine's closure. Semantics:
   at run time: an index outside the buffer raises :class:`~ocannl.errors.OutOfBoundsError`
   naming the buffer, the index, the dims, the statement and the loop indices, unless the load
   has an ``oob_value`` (then it reads that value).
-* Integer division by zero raises ``ZeroDivisionError``; other integer results wrap around.
+* Integer division by zero raises :class:`~ocannl.errors.IntegerDivisionError` naming the
+  statement; other integer results wrap around.
 
 Index arithmetic uses Python ints; numpy scalars carry values only.
 """
 
 from __future__ import annotations
 
-import math
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
 from ocannl import config
-from ocannl.errors import IndexBindingError, OcannlError, OutOfBoundsError
+from ocannl.errors import IndexBindingError, IntegerDivisionError, OcannlError, OutOfBoundsError
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.analysis import affine_form, cell_provably_within, row_major_offset
-from ocannl.lowlevel.dtypes import DType, DTypeError
+from ocannl.lowlevel.dtypes import DType
 from ocannl.lowlevel.indexing import Affine, AxisIndex, Fixed, IndexSymbol, Iter, Symbol
 from ocannl.lowlevel.ir import (
     Binary, Cast, Comment, Const, DeclareLocal, EmbedIndex, Expr, Fill, For, GetLocal, Load, LoadDynamic, Local,
@@ -42,6 +42,7 @@ from ocannl.lowlevel.op_semantics import (scalar_binary, scalar_fma, scalar_uint
                                          scalar_unary)
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
 from ocannl.lowlevel.tnode import TNode
+from ocannl.backends.interp import scalars
 
 Thunk = Callable[[], Any]
 
@@ -103,7 +104,7 @@ class InterpExecutable:
 
     def __init__(self, routine: RoutineIR):
         self.routine = routine
-        self._compiler = _Compiler(routine)
+        self._compiler = ScalarCompiler(routine)
         self._body = self._compiler.stmt(routine.body)
 
     def run(self, buffers: Mapping[TNode, np.ndarray], bindings: Mapping[IndexSymbol, int]) -> None:
@@ -126,7 +127,7 @@ class InterpExecutable:
         self._compiler.buffers[slot] = array.reshape(-1, 4) if node.dtype is dtypes.uint4x32 else array.reshape(-1)
 
 
-class _Compiler:
+class ScalarCompiler:
     """Turns IR trees into closures over two lists: ``registers`` (loop and index symbol values,
     locals) and ``buffers`` (flat views of the node arrays, bound per run)."""
 
@@ -217,7 +218,7 @@ class _Compiler:
 
                 return run_fill
             case DeclareLocal(local=local):
-                r, zero = self.register(local), _zero(local.dtype)
+                r, zero = self.register(local), scalars.zero(local.dtype)
 
                 def run_declare() -> None:
                     regs[r] = zero
@@ -239,7 +240,7 @@ class _Compiler:
         regs = self.registers
         match e:
             case Const(value=value, dtype=dtype):
-                constant = _constant(value, dtype)
+                constant = scalars.constant(value, dtype)
                 return lambda: constant
             case Load(tnode=node, indices=indices, oob_value=oob):
                 return self.load(node, self.offset(node, indices, "read", oob), oob)
@@ -260,6 +261,17 @@ class _Compiler:
             case Binary(op=Binop.UINT4X32_WORD, a=a, b=Const(value=lane)):
                 x = self.expr(a)
                 return lambda: scalar_uint4x32_word(x(), lane)
+            case Binary(op=Binop.DIV | Binop.MOD as op, a=a, b=b) if not e.dtype.is_float:
+                f, left, right = scalar_binary(op, e.dtype), self.expr(a), self.expr(b)
+                fail = self._division_by_zero(op)
+
+                def integer_quotient() -> Any:
+                    try:
+                        return f(left(), right())
+                    except ZeroDivisionError:
+                        fail()
+
+                return integer_quotient
             case Binary(op=op, a=a, b=b):
                 f, left, right = scalar_binary(op, e.dtype), self.expr(a), self.expr(b)
                 return lambda: f(left(), right())
@@ -273,7 +285,7 @@ class _Compiler:
                 x, y, z = self.expr(a), self.expr(b), self.expr(c)
                 return lambda: x() * y() * z()
             case Cast(x=x, dtype=dtype):
-                f, arg = _cast(x.dtype, dtype), self.expr(x)
+                f, arg = scalars.cast(x.dtype, dtype), self.expr(x)
                 return lambda: f(arg())
             case EmbedIndex(index=index, dtype=dtype):
                 to_scalar, value = dtype.scalar, self.index_value(index)
@@ -284,7 +296,7 @@ class _Compiler:
                 r = self.register(local)
                 return lambda: regs[r]
             case LocalScope(local=local, body=body):
-                r, zero = self.register(local), _zero(local.dtype)
+                r, zero = self.register(local), scalars.zero(local.dtype)
                 statement = self._statement
                 run_body = self.stmt(body)
                 self._statement = statement
@@ -303,7 +315,7 @@ class _Compiler:
             if value is None:
                 return lambda: bufs[k][offset()]
             return lambda: value(bufs[k][offset()])
-        outside = _constant(oob, node.dtype.compute)
+        outside = scalars.constant(oob, node.dtype.compute)
         value = value or (lambda v: v)
 
         def load_or_oob() -> Any:
@@ -378,43 +390,44 @@ class _Compiler:
     def _out_of_bounds(
         self, node: TNode, access: str, dynamic: tuple[int, Expr] | None = None
     ) -> Callable[[tuple[int, ...]], None]:
-        statement, loops, regs = self._statement, tuple(self._loops), self.registers
+        statement, loops = self._statement, tuple(self._loops)
         # Lowering turns a float position without an integer value into -1 (lower._float_position).
         hint = "" if dynamic is None else (
             f"\n  axis {dynamic[0]} is indexed by data (an oc.take position); a NaN, infinite or "
             f"too large float position reads as -1")
 
         def fail(values: tuple[int, ...]) -> None:
-            namer = Namer()
-            format_routine(self.routine, namer)
-            bound = [f"{namer.symbol(s)}={regs[self.register_slots[s]]}" for s in loops]
-            bound += [
-                f"{s.name}={regs[r]}" for s, r in self.register_slots.items() if isinstance(s, IndexSymbol)
-            ]
-            where = format_stmt(statement, namer) if statement is not None else "?"
             raise OutOfBoundsError(
                 f"out-of-bounds {access} of {node.debug_name} at index {values}: its dims are {node.dims}\n"
-                f"  in routine {self.routine.name}, statement: {where}\n"
-                f"  with {', '.join(bound) or 'no loop indices'}{hint}"
+                f"{self._location(statement, loops)}{hint}"
             )
 
         return fail
 
+    def _division_by_zero(self, op: Binop) -> Callable[[], None]:
+        """The failure of an integer ``div`` or ``mod`` of the statement being compiled, whose
+        divisor is zero at run time."""
+        statement, loops = self._statement, tuple(self._loops)
+
+        def fail() -> None:
+            raise IntegerDivisionError(f"integer {op.value} by zero\n{self._location(statement, loops)}") from None
+
+        return fail
+
+    def _location(self, statement: Stmt | None, loops: tuple[Symbol, ...]) -> str:
+        """Where a run-time failure happens: the routine, the statement, and the values of the
+        loop indices and index symbols at that moment."""
+        namer, regs = Namer(), self.registers
+        format_routine(self.routine, namer)
+        bound = [f"{namer.symbol(s)}={regs[self.register_slots[s]]}" for s in loops]
+        bound += [f"{s.name}={regs[r]}" for s, r in self.register_slots.items() if isinstance(s, IndexSymbol)]
+        where = format_stmt(statement, namer) if statement is not None else "?"
+        return (f"  in routine {self.routine.name}, statement: {where}\n"
+                f"  with {', '.join(bound) or 'no loop indices'}")
+
 
 # ---------------------------------------------------------------------------------------------
 # Values: numpy scalars of the compute type; uint4x32 values are arrays of 4 uint32.
-
-
-def _constant(value: Any, dtype: DType) -> Any:
-    if dtype is dtypes.uint4x32:
-        return np.array(value, dtype=np.uint32)
-    if dtype.is_float:
-        return dtype.scalar(value)
-    return dtypes.wrap_int(dtype, int(value))
-
-
-def _zero(dtype: DType) -> Any:
-    return _constant((0, 0, 0, 0) if dtype is dtypes.uint4x32 else 0, dtype)
 
 
 def _bfloat16_to_float32(bits: np.uint16) -> np.float32:
@@ -500,17 +513,3 @@ _PRNG_CONVERSIONS: dict[tuple[Unop, DType], Callable[[Any], Any]] = {
     (Unop.UNIFORM1, dtypes.float64): _uniform1_float64,
     (Unop.UINT4X32_OF, dtypes.uint4x32): _uint4x32_of,
 }
-
-
-def _cast(source: DType, target: DType) -> Callable[[Any], Any]:
-    if target.is_float:
-        return target.scalar
-    if source.is_float:
-
-        def float_to_int(v: Any) -> Any:
-            if not math.isfinite(v):
-                raise DTypeError(f"cannot convert {v} to {target.name}")
-            return dtypes.wrap_int(target, int(v))
-
-        return float_to_int
-    return lambda v: dtypes.wrap_int(target, int(v))

@@ -62,15 +62,8 @@ from ocannl.lowlevel.op_semantics import (array_binary, array_fma, array_uint4x3
 from ocannl.lowlevel.prng_reference import threefry4x32
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
 from ocannl.lowlevel.tnode import TNode
-from ocannl.backends.interp.interpreter import (
-    InterpExecutable,
-    _cast,
-    _Compiler,
-    _constant,
-    _zero,
-    counted_loop,
-    in_order,
-)
+from ocannl.backends.interp.interpreter import InterpExecutable, ScalarCompiler, counted_loop, in_order
+from ocannl.backends.interp import scalars
 
 Thunk = Callable[[], Any]
 
@@ -86,7 +79,7 @@ class VectorizedExecutable(InterpExecutable):
 
     def __init__(self, routine: RoutineIR):
         self.routine = routine
-        self._compiler = _Compiler(routine)
+        self._compiler = ScalarCompiler(routine)
         self._body = _Vectorizer(self._compiler).top(routine.body)
         self._bound: dict[int, np.ndarray] = {}
 
@@ -129,6 +122,13 @@ class _Grid:
         shape = [1] * self.ndim
         shape[k] = self.shape[k]
         return np.arange(self.shape[k], dtype=np.int64).reshape(shape)
+
+
+def _within(value: Any, dim: int) -> Any:
+    """``value`` (an int, or an int64 array over a grid) where it lies in ``[0, dim)``, else 0."""
+    if isinstance(value, np.ndarray):
+        return np.where((0 <= value) & (value < dim), value, 0)
+    return value if 0 <= value < dim else 0
 
 
 def _lift(value: Any, dtype: DType, ndim: int) -> Any:
@@ -317,7 +317,7 @@ class _Vectorizer:
     """Compiles statements over grids into closures sharing the scalar compiler's registers (loop
     indices walked in order, index symbols, locals) and buffers."""
 
-    def __init__(self, scalar: _Compiler):
+    def __init__(self, scalar: ScalarCompiler):
         self.scalar = scalar
         self.regs = scalar.registers
         self.bufs = scalar.buffers
@@ -508,13 +508,13 @@ class _Vectorizer:
     # -- expressions over a grid ----------------------------------------------------------------
 
     def zero(self, dtype: DType, grid: _Grid) -> Any:
-        return _lift(_zero(dtype), dtype, grid.ndim)
+        return _lift(scalars.zero(dtype), dtype, grid.ndim)
 
     def expr(self, e: Expr, grid: _Grid) -> Thunk:
         regs = self.regs
         match e:
             case Const(value=value, dtype=dtype):
-                constant = _lift(_constant(value, dtype), dtype, grid.ndim)
+                constant = _lift(scalars.constant(value, dtype), dtype, grid.ndim)
                 return lambda: constant
             case Load(tnode=node, indices=indices, oob_value=oob):
                 return self.load(node, indices, oob, grid)
@@ -586,7 +586,7 @@ class _Vectorizer:
             for f in loops:
                 terms_grid = terms_grid.extended(f.symbol, f.extent)
             if math.prod(terms_grid.shape) + math.prod(grid.shape) <= ACCUMULATE_LIMIT:
-                init = self.expr(init_expr, grid) if init_expr is not None else (lambda zero=_zero(local.dtype): zero)
+                init = self.expr(init_expr, grid) if init_expr is not None else (lambda zero=scalars.zero(local.dtype): zero)
                 for f in loops:
                     self.extents[f.symbol] = f.extent
                 try:
@@ -626,7 +626,7 @@ class _Vectorizer:
             if fixed is not None:
                 return lambda: bufs[k].take(fixed)
         where = self.offsets(node, indices, grid, checked_oob=oob is not None)
-        outside = None if oob is None else _constant(oob, node.dtype.compute)
+        outside = None if oob is None else scalars.constant(oob, node.dtype.compute)
         return self.gather(node, where, outside)
 
     def gather(self, node: TNode, where: Callable[[], tuple[Any, Any]], outside: Any) -> Thunk:
@@ -697,13 +697,16 @@ class _Vectorizer:
             valid: Any = True
             for v, d in zip(values, dims):
                 valid = valid & (0 <= v) & (v < d)
-            offsets: Any = zeros
-            for v, stride in zip(values, strides):
-                offsets = offsets + v * stride
-            if np.all(valid):
-                return offsets, None
-            if not checked_oob:
+            inside = np.all(valid)
+            if not inside and not checked_oob:
                 raise _Fault
+            offsets: Any = zeros
+            for v, d, stride in zip(values, dims, strides):
+                # Offsets of values inside their axis only: a far index (a binding near 2**63)
+                # times a stride would overflow int64.
+                offsets = offsets + (v if inside else _within(v, d)) * stride
+            if inside:
+                return offsets, None
             return np.where(valid, offsets, 0), valid | (zeros != 0)
 
         return checked_offsets
@@ -815,7 +818,7 @@ def _vector_cast(source: DType, target: DType) -> Callable[[Any], Any]:
     if target.is_float:
         return lambda v: np.asarray(v).astype(storage)
     if source.is_float:
-        scalar = np.frompyfunc(_cast(source, target), 1, 1)
+        scalar = np.frompyfunc(scalars.cast(source, target), 1, 1)
 
         def float_to_int(v: Any) -> Any:
             v = np.asarray(v)

@@ -27,15 +27,19 @@ from ocannl.lowlevel.tnode import TNode
 
 
 def options() -> Options:
-    """The emitter options from the settings."""
+    """The emitter options from the settings: each a count, so a positive integer."""
     values = {}
     for setting, field_name in (("metal_threads", "threads_per_threadgroup"), ("metal_tree_min", "tree_min_reduction")):
         value = config.get(setting)
         if value:
             try:
-                values[field_name] = int(value)
+                count = int(value)
             except ValueError:
-                raise OcannlError(f"setting {setting} must be an integer, got {value!r}") from None
+                count = 0
+            if count < 1:
+                raise OcannlError(f"setting {setting} ({config.origin(setting)}) must be a positive integer, "
+                                  f"got {value!r}: unset it for its default ({getattr(Options, field_name)})")
+            values[field_name] = count
     return Options(**values)
 
 

@@ -9,6 +9,18 @@ of the parallel extents), in threadgroups of :attr:`Options.threads_per_threadgr
 in order, each after the previous one finished. Whole-buffer fills become loop nests first, so
 they are kernels like any other. A kernel holding a scatter-add (the gradient of ``oc.take``)
 runs in one thread, in the interpreter's order: float atomics would make it nondeterministic.
+A kernel of more than :data:`~ocannl.backends.codegen.PART_STATEMENTS` statements is launched
+as several over the same grid, one after the other, each running that many of them in order:
+the routine's own order, and a compiler's time grows faster than the length of a function (as
+for the C backend's parts), unless a local declared at the kernel's top level spans them.
+
+**Indices.** Loop indices, grid points and offsets are MSL ``int`` (32 bits, what a GPU counts
+with fastest) unless the routine has a buffer of :data:`INT_INDEX_LIMIT` (``2**31``) cells or
+more, a loop that long, or a kernel whose flat index counts that far: then every kernel of the
+routine counts in ``long`` (:func:`index_dtype`), as the C backend always does; an ``int`` offset
+would wrap around and read or write outside the buffer. A thread's position in the grid is a
+32-bit ``uint``, so a kernel launches at most :attr:`Options.max_grid_threads` threads: on a
+larger grid each thread loops over the points that many apart (:class:`Dispatch`).
 
 **Threadgroup reductions.** A top-level statement that reduces many terms into few cells (at
 least :attr:`Options.tree_min_reduction` terms per cell, at most :attr:`Options.tree_max_cells`
@@ -51,7 +63,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from ocannl.backends.codegen import Emitter, Site, comment_text
+from ocannl.backends.codegen import PART_STATEMENTS, Emitter, Site, comment_text
 from ocannl.backends.metal.syntax import MetalSyntax, msl_type
 from ocannl.backends.partition import grid_candidates, partition, without_loops
 from ocannl.errors import OcannlError
@@ -95,6 +107,10 @@ class Options:
     tree_terms_per_thread: int = 8
     """A tree's threadgroup has about one thread per this many terms (a power of two, at most
     the threadgroup size): each thread sums its share before the barriers."""
+    max_grid_threads: int = 2**30
+    """Threads a one-thread-per-point kernel launches at most. A thread's position in the grid
+    is a 32-bit ``uint``: a grid of more points is walked by a loop in every thread, each taking
+    the points ``launched`` apart (module docstring, "Indices")."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +155,8 @@ class MetalProgram:
     nodes: tuple[TNode, ...]
     symbols: tuple[IndexSymbol, ...]
     sites: tuple[Site, ...]
+    index_dtype: DType
+    """The type of every kernel's indices and offsets (module docstring, "Indices")."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,6 +259,52 @@ class _Plan:
     tree: TreeReduction | None = None
 
 
+@dataclass(frozen=True)
+class Dispatch:
+    """How a planned kernel is launched: ``threadgroups`` x ``threads_per_threadgroup`` threads
+    (a 1-D dispatch); ``strided``: fewer threads than grid points, each thread looping over the
+    points ``threadgroups * threads_per_threadgroup`` apart."""
+
+    threadgroups: int
+    threads_per_threadgroup: int
+    index_limit: int
+    """A bound (exclusive) of the flat indices the kernel counts with: the grid point, the
+    threadgroup tree's term number, each one step past its last value."""
+    strided: bool = False
+
+
+def dispatch(plan: _Plan, options: Options) -> Dispatch:
+    """The launch of ``plan``: for a threadgroup tree, one threadgroup per cell of a power of two
+    threads (about one per :attr:`Options.tree_terms_per_thread` terms); else one thread per
+    grid point in threadgroups of :attr:`Options.threads_per_threadgroup`, at most
+    :attr:`Options.max_grid_threads` threads."""
+    cells = math.prod(plan.extents)
+    if plan.tree is not None:
+        wanted = -(-plan.tree.volume // max(1, options.tree_terms_per_thread))
+        threads = min(_power_of_two_below(options.threads_per_threadgroup), _power_of_two_above(wanted))
+        return Dispatch(cells, threads, max(cells, plan.tree.volume + threads))
+    threads = max(1, min(options.threads_per_threadgroup, cells, options.max_grid_threads))
+    groups = -(-cells // threads)
+    if groups * threads <= options.max_grid_threads:
+        return Dispatch(groups, threads, groups * threads)
+    groups = max(1, options.max_grid_threads // threads)
+    return Dispatch(groups, threads, cells + groups * threads, strided=True)
+
+
+INT_INDEX_LIMIT = 2**31
+"""Indices and offsets below this fit MSL's ``int``; a routine with larger ones counts in ``long``."""
+
+
+def index_dtype(routine: RoutineIR, dispatches: list[Dispatch]) -> DType:
+    """The type of the routine's loop indices and offsets (module docstring, "Indices"): int32
+    unless a buffer has :data:`INT_INDEX_LIMIT` cells or more, or a loop or a kernel's flat
+    index counts that far; then int64 for every kernel of the routine."""
+    limits = [n.size for n in set(routine.reads + routine.writes)]
+    limits += [s.extent for s in iter_stmts(routine.body) if isinstance(s, For)]
+    limits += [d.index_limit for d in dispatches]
+    return dtypes.int64 if max(limits, default=0) >= INT_INDEX_LIMIT else dtypes.int32
+
+
 def plan_kernels(body: Stmt, options: Options) -> list[_Plan]:
     """The kernels of a routine body (fills already loops), in launch order."""
     statements = [s for s in (body.stmts if isinstance(body, Seq) else (body,)) if s != Seq(())]
@@ -279,9 +343,13 @@ def _partitioned(run: list[Stmt]) -> list[_Plan]:
     plans = []
     for k in partition(seq(*run)):
         if any(p.scatter for p in k.parts):  # one thread, in order (module docstring)
-            plans.append(_Plan([(p.stmt, ()) for p in k.parts], (), list(k.comments)))
+            parts, extents = [(p.stmt, ()) for p in k.parts], ()
         else:
-            plans.append(_Plan([(p.body, p.grid) for p in k.parts], k.extents, list(k.comments)))
+            parts, extents = [(p.body, p.grid) for p in k.parts], k.extents
+        # Launched as kernels of PART_STATEMENTS statements (module docstring, "Kernels").
+        size = len(parts) if k.locals else PART_STATEMENTS
+        for start in range(0, len(parts), size):
+            plans.append(_Plan(parts[start:start + size], extents, list(k.comments) if start == 0 else []))
     return plans
 
 
@@ -393,17 +461,18 @@ def emit_metal(routine: RoutineIR, options: Options = Options()) -> MetalProgram
     check_dtypes(routine)
     lowered = RoutineIR(routine.name, fills_as_loops(routine.body))
     plans = plan_kernels(lowered.body, options)
+    dispatches = [dispatch(plan, options) for plan in plans]
     prefix = kernel_prefix(routine.name)
     names = [f"{prefix}_k{k}" for k in range(len(plans))]
-    syntax = MetalSyntax()
+    syntax = MetalSyntax(index_dtype(lowered, dispatches))
     sites: list[Site] = []
     reserved = set(names) | {f"{name}_args" for name in names}  # the argument buffers' structs
     kernels = []
     emitter = None
-    for plan, name in zip(plans, names):
+    for plan, launch, name in zip(plans, dispatches, names):
         emitter = Emitter(syntax, lowered, function_name=name, reserved=reserved, parallel=False)
         emitter.sites = sites  # one numbering for the whole routine: the status buffer is shared
-        kernel = _KernelPrinter(emitter, plan, name, options).kernel()
+        kernel = _KernelPrinter(emitter, plan, launch, name).kernel()
         check_limits(kernel, routine.name)
         kernels.append(kernel)
     if emitter is None:
@@ -417,30 +486,27 @@ def emit_metal(routine: RoutineIR, options: Options = Options()) -> MetalProgram
     builtins = syntax.builtins()
     text = "\n".join(header + ([*builtins, ""] if builtins else []) + [k.text + "\n" for k in kernels])
     return MetalProgram(routine.name, text.rstrip("\n") + "\n", tuple(kernels), tuple(emitter.nodes),
-                        tuple(emitter.symbols), tuple(sites))
+                        tuple(emitter.symbols), tuple(sites), syntax.index_dtype)
 
 
 class _KernelPrinter:
     """Prints one planned kernel through the shared walk."""
 
-    def __init__(self, emitter: Emitter, plan: _Plan, name: str, options: Options):
+    def __init__(self, emitter: Emitter, plan: _Plan, launch: Dispatch, name: str):
         self.e = emitter
         self.plan = plan
+        self.launch = launch
         self.name = name
-        self.options = options
         self.cells = math.prod(plan.extents)
+        self.index_type = emitter.syntax.index_type
 
     def kernel(self) -> Kernel:
         plan, e = self.plan, self.e
+        groups, threads = self.launch.threadgroups, self.launch.threads_per_threadgroup
         if plan.tree is not None:
-            wanted = -(-plan.tree.volume // max(1, self.options.tree_terms_per_thread))
-            threads = min(_power_of_two_below(self.options.threads_per_threadgroup), _power_of_two_above(wanted))
-            groups = self.cells
             body, scratch = self._tree_body(threads)
             positions = ("threadgroup_position_in_grid", "thread_position_in_threadgroup")
         else:
-            threads = max(1, min(self.options.threads_per_threadgroup, self.cells))
-            groups = -(-self.cells // threads)
             body, scratch = self._pointwise_body(groups * threads), 0
             positions = ("thread_position_in_grid",) if plan.extents else ()
         statements = seq(*(s for s, _ in plan.parts))
@@ -470,7 +536,12 @@ class _KernelPrinter:
         declarations += [f"uint3 {position_names[a]} [[{a}]]" for a in positions]
         grid = " x ".join(map(str, plan.extents)) or "1"
         launch = f"{groups} threadgroup{'s' if groups != 1 else ''} of {threads} thread{'s' if threads != 1 else ''}"
-        what = "a threadgroup reduction per cell" if plan.tree is not None else "one thread per point"
+        if plan.tree is not None:
+            what = "a threadgroup reduction per cell"
+        elif self.launch.strided:
+            what = f"each thread a point in every {groups * threads}"
+        else:
+            what = "one thread per point"
         lines.append(f"/* grid {grid}: {what}, {launch} */")
         lines.append(f"kernel void {self.name}(")
         lines += [f"    {d}," for d in declarations[:-1]] + [f"    {declarations[-1]}) {{" if declarations else "    ) {"]
@@ -484,32 +555,38 @@ class _KernelPrinter:
     def _grid_lines(self, grid: tuple[Symbol, ...], depth: int) -> list[str]:
         """Declarations of a part's grid loop indices from the flat grid point ``_g``."""
         pad = "  " * depth
-        return [f"{pad}const int {self.e.namer.symbol(s)} = {expr};"
+        return [f"{pad}const {self.index_type} {self.e.namer.symbol(s)} = {expr};"
                 for s, expr in zip(grid, _unflatten("_g", self.plan.extents))]
 
     def _pointwise_body(self, launched: int) -> list[str]:
-        plan, e = self.plan, self.e
+        plan, e, it = self.plan, self.e, self.index_type
         lines = []
-        if plan.extents:
-            lines.append("  const int _g = int(gid.x);  /* this thread's grid point */")
+        strided = plan.extents and self.launch.strided
+        if strided:
+            lines.append(f"  for ({it} _g = {it}(gid.x); _g < {self.cells}; _g += {launched}) {{  /* this thread's grid points */")
+        elif plan.extents:
+            lines.append(f"  const {it} _g = {it}(gid.x);  /* this thread's grid point */")
             if launched > self.cells:
                 lines.append(f"  if (_g >= {self.cells}) return;")
+        outer = 2 if strided else 1
         braces = sum(1 for _, grid in plan.parts if grid) > 1
         for stmt, grid in plan.parts:
             bound = dict(zip(grid, plan.extents))
-            depth = 2 if braces and grid else 1
-            if depth == 2:
-                lines.append("  {")
+            depth = outer + 1 if braces and grid else outer
+            if depth > outer:
+                lines.append("  " * outer + "{")
             lines += self._grid_lines(grid, depth)
             lines += e.statement_lines(in_register(stmt), bound, depth)
-            if depth == 2:
-                lines.append("  }")
+            if depth > outer:
+                lines.append("  " * outer + "}")
+        if strided:
+            lines.append("  }")
         return lines
 
     def _tree_body(self, threads: int) -> tuple[list[str], int]:
         """A threadgroup per cell: strided partial results, then a halving tree in threadgroup
         memory, each step after a barrier (module docstring)."""
-        plan, e = self.plan, self.e
+        plan, e, it = self.plan, self.e, self.index_type
         tree = plan.tree
         (stmt, grid), = plan.parts
         dtype = tree.dtype
@@ -519,13 +596,13 @@ class _KernelPrinter:
         bound = dict(zip(grid, plan.extents))
         lines = [f"  threadgroup {t} _red[{threads}];  /* one partial result per thread */"]
         if plan.extents:
-            lines.append("  const int _g = int(gid.x);  /* this threadgroup's cell */")
+            lines.append(f"  const {it} _g = {it}(gid.x);  /* this threadgroup's cell */")
         lines += self._grid_lines(grid, 1)
         lines.append(f"  {t} _acc = {syn.literal(tree.identity(), dtype)};")
-        lines.append(f"  for (int _r = int(lid.x); _r < {tree.volume}; _r += {threads}) {{")
+        lines.append(f"  for ({it} _r = {it}(lid.x); _r < {tree.volume}; _r += {threads}) {{")
         terms = dict(tree.loops)
         extents = tuple(n for _, n in tree.loops)
-        lines += [f"    const int {e.namer.symbol(s)} = {expr};" for (s, _), expr in zip(tree.loops, _unflatten("_r", extents))]
+        lines += [f"    const {it} {e.namer.symbol(s)} = {expr};" for (s, _), expr in zip(tree.loops, _unflatten("_r", extents))]
         prelude, term = e.expression_lines(tree.term, {**bound, **terms}, 2, tree.store)
         lines += prelude
         lines.append(f"    _acc = {combine('_acc', term)};")

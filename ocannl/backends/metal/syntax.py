@@ -53,8 +53,6 @@ class MetalSyntax(CFamilySyntax):
     the helper functions printed so far."""
 
     language = "metal"
-    index_type = "int"
-    index_dtype = dtypes.int32
     restrict = ""
     overloads = True
     uint64_type = "ulong"
@@ -69,6 +67,13 @@ class MetalSyntax(CFamilySyntax):
     lane_subscript = "[{}]"
     status_param = "device atomic_int* status"
     store_status = "atomic_store_explicit(status, site, memory_order_relaxed)"
+
+    def __init__(self, index_dtype: DType = dtypes.int32) -> None:
+        """``index_dtype``: the type of loop indices and offsets, int32 unless the routine's
+        buffers or grids need int64 (emit.py, "Indices")."""
+        super().__init__()
+        self.index_dtype = index_dtype
+        self.index_type = msl_type(index_dtype)
 
     def select_body(self, dtype: DType) -> str:
         return "  return select(b, a, cond != 0);  /* MSL's select: no branch */"

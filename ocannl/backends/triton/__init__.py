@@ -14,7 +14,7 @@ chosen by ``Context.auto()``. Settings (ocannl/config.py): ``triton_fp32_dot`` (
 default: exact float32 products; ``tf32`` or ``tf32x3`` for tensor cores), ``fast_math`` (lets
 Triton contract multiply-adds), ``triton_autotune`` (measure contraction tiles on the GPU:
 autotune.py), ``triton_cuda_graphs`` (``run_many`` replays a CUDA graph: runtime.py),
-``cache_dir``.
+``cache_dir`` (where the measured choices are kept; the modules themselves are never written).
 """
 
 from __future__ import annotations

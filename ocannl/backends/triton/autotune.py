@@ -19,9 +19,10 @@ another configuration. ocannl is deterministic by default, so tuning is opt-in
 
 **The disk cache.** One JSON file per key under the kernel cache
 (``<cache>/triton/autotune/<digest>.json``; ocannl/backends/cache.py: a directory only the
-current user can write), written atomically with its sha256 beside it; an entry that does not
-match its digest, or whose key differs, is ignored and measured again. Deleting the directory
-forgets all choices.
+current user can write), written atomically with its record beside it (the entry's name, the
+sha256 of its bytes, sealed with the user's cache key); an entry that does not verify, or whose
+key differs, is ignored and measured again. The bytes parsed are the bytes verified, read once.
+Deleting the directory forgets all choices.
 
 **Without a GPU** (the interpreter, or a CPU-only machine) nothing is measured: the table
 serves. The tests run the key, the cache round trip, the fallback, the search with a fake
@@ -51,6 +52,8 @@ STAGES_16 = (3, 4)
 STAGES_32 = (2, 3)
 """``num_stages`` tried for 16-bit (above) and float32 operands: the software pipelining depth
 (more stages hide more memory latency and take more shared memory)."""
+MAX_ENTRY_BYTES = 1 << 16
+"""The largest tuned configuration read from the cache (one is a few hundred bytes)."""
 
 
 @dataclass(frozen=True)
@@ -131,14 +134,15 @@ def cache_path(key: DotKey) -> Path:
 def load(key: DotKey) -> DotBlocks | None:
     """The cached choice for ``key``, or ``None`` (absent, corrupted, or for another key)."""
     path = cache_path(key)
-    if not cache.verified(path):
+    text = cache.read_verified(path, MAX_ENTRY_BYTES)
+    if text is None:
         return None
     try:
-        entry = json.loads(path.read_text(encoding="ascii"))
+        entry = json.loads(text.decode("ascii"))
         if entry.get("key") != asdict(key):
             return None
         return DotBlocks(**entry["blocks"])
-    except (ValueError, TypeError, KeyError, AttributeError):
+    except (ValueError, TypeError, KeyError, AttributeError):  # UnicodeDecodeError is a ValueError
         warnings.warn(cache.CacheWarning(f"the tuned configuration {path} is not one ocannl wrote: measuring again"),
                       stacklevel=2)
         return None

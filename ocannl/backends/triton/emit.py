@@ -44,6 +44,9 @@ class ModuleSource:
     """The programs each kernel of the partition runs (``launches`` refers to them by position)."""
     sites: dict[int, str] = field(default_factory=dict)
     """What each nonzero value of the error flag says went wrong (writer.KernelWriter.site)."""
+    division_sites: frozenset[int] = frozenset()
+    """The values of :attr:`sites` that are integer divisions by zero; the others are indices
+    outside their axis."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -100,7 +103,8 @@ def emit_module(routine: RoutineIR, kernels: list[Kernel], options: Options = Op
         lines += ["", ""] + k.text.rstrip("\n").split("\n")
     lines += ["", "", *_launcher(routine, sources)]
     return ModuleSource(base, sources, "\n".join(lines) + "\n", checks, routine.static_symbols, tuple(launches),
-                        tuple(source.grid for _, source in written), sites)
+                        tuple(source.grid for _, source in written), sites,
+                        frozenset().union(*(w.division_sites for w in writers)))
 
 
 def _write(name: str, kernel: Kernel, options: Options, segment: bool = False) -> tuple[KernelWriter, KernelSource]:

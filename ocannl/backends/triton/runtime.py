@@ -4,10 +4,13 @@
   Triton interpreter (``TRITON_INTERPRET=1``, which runs each program in turn on the CPU and reads
   CPU tensors in place). torch serves only to allocate and to move data; values cross to the host
   through numpy (:class:`TorchBuffers`, the context's buffer ownership hook).
-* **A module per routine.** ``@triton.jit`` reads the source of its functions, so the generated
-  module is written to a file under the kernel cache (``OCANNL_CACHE_DIR``, default
-  ``~/.cache/ocannl``; ``triton/<routine>-<hash>.py``, written atomically) and imported from
-  there. Triton compiles each kernel for the GPU on its first launch and caches the binary itself.
+* **A module per routine**, executed from its generated text in memory (:func:`load_module`):
+  no source or bytecode file is written or read, so none can be swapped or planted (an
+  unchecked-hash ``.pyc`` beside a module would otherwise run in its place). ``@triton.jit``
+  reads the source of its functions through ``linecache``, which is handed the text under the
+  module's file name, ``<ocannl triton ROUTINE-HASH>``: a name in angle brackets, which
+  ``linecache`` never looks up on disk. Triton compiles each kernel for the GPU on its first
+  launch and caches the binary in its own cache (``TRITON_CACHE_DIR``, Triton's business).
 * **Launches** (:class:`TritonExecutable`). Index symbols are not kernel arguments: each routine
   has a *symbol table*, an int64 tensor on the device holding its symbols' values (in the order of
   ``ModuleSource.symbols``), written before a run, from which the kernels load them. A launch's
@@ -16,14 +19,16 @@
   GPU, later launches call the compiled kernel's launcher directly with those prebuilt arguments,
   skipping the JIT's per-call argument binding and cache lookup. Under the interpreter every
   launch goes through the JIT (there is no compiled kernel).
-* **Errors are checked lazily.** A gather or scatter position outside its axis, or an index
-  symbol without a size past its axis, raises the routine's error flag on the device to the number
-  of the failed check (writer.py, ``KernelWriter.site``); a run does not wait for the GPU to read
-  it. Flags are read, and :class:`~ocannl.errors.OutOfBoundsError` raised naming the routine and
-  the check, when a value is read back (``Context.get``, ``Tensor.numpy``,
-  through :meth:`TorchBuffers.to_host`), by :meth:`TorchBuffers.synchronize`, at the start of a
-  ``run_many`` (errors of earlier runs) and at its end (naming the first failing step). Runs
-  after a failing one have been launched by then: their results are not undone.
+* **Error flags.** A gather or scatter position outside its axis, an index symbol without a
+  size past its axis, or an integer divisor of zero, raises the routine's error flag on the
+  device to the number of the failed check (writer.py, ``KernelWriter.site``). Flags are read,
+  and :class:`~ocannl.errors.OutOfBoundsError` (:class:`~ocannl.errors.IntegerDivisionError`)
+  raised naming the routine and the check, by :meth:`TorchBuffers.check_errors`: right after each
+  ``run()`` of a routine with checks (which then waits for the GPU, and restores its buffers if
+  it failed: ocannl/backends/base.py, ``Routine``), when a value is read back
+  (``Context.get``, ``Tensor.numpy``, through :meth:`TorchBuffers.to_host`), by
+  :meth:`TorchBuffers.synchronize`, at the start of a ``run_many`` (errors of earlier runs) and
+  at its end (naming the first failing step, whose changes the routine undoes).
 * **CUDA graphs** (setting ``triton_cuda_graphs``, off by default): ``run_many`` on a GPU records
   the routine's launches once as a CUDA graph and replays it at every step, after copying that
   step's row of symbol values into the table the graph reads. Under the interpreter the setting is
@@ -35,19 +40,18 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
+import linecache
 import os
 import sys
-import tempfile
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ocannl.backends import cache
 from ocannl import config
-from ocannl.backends.base import at_step
-from ocannl.errors import BackendUnavailable, OutOfBoundsError
+from ocannl.backends.bindings import at_step
+from ocannl.errors import BackendUnavailable, IntegerDivisionError, OutOfBoundsError
 from ocannl.lowlevel.indexing import IndexSymbol
 from ocannl.lowlevel.tnode import TNode
 
@@ -116,6 +120,12 @@ class TorchBuffers:
         self.check_errors()
         return buffer.detach().cpu().numpy()
 
+    def snapshot(self, buffer: Any) -> Any:
+        return buffer.clone()
+
+    def restore(self, buffer: Any, snapshot: Any) -> None:
+        buffer.copy_(snapshot)
+
     def synchronize(self) -> None:
         """Wait for the device, and raise the errors of the runs so far."""
         if self.device.type == "cuda":
@@ -133,7 +143,7 @@ class TorchBuffers:
         for e, _ in failed:
             e.error_flag.zero_()
         if failed:
-            raise failed[0][0].out_of_bounds(failed[0][1])
+            raise failed[0][0].flag_error(failed[0][1])
 
 
 def _torch_dtype(torch: Any, dtype: np.dtype) -> Any:
@@ -143,28 +153,17 @@ def _torch_dtype(torch: Any, dtype: np.dtype) -> Any:
     }[np.dtype(dtype).name]
 
 
-def cache_dir() -> Path:
-    """``<cache>/triton`` in the kernel cache the compiled backends share (ocannl/backends/cache.py:
-    a directory only the current user can write, so the module compared below is the one imported)."""
-    return cache.directory("triton")
-
-
 def load_module(source: ModuleSource) -> ModuleType:
-    """Write the module's source under the cache (atomically) and import it."""
-    digest = hashlib.sha256(source.text.encode()).hexdigest()[:16]
-    stem = f"{source.routine[:60]}-{digest}"
-    directory = cache_dir()
-    path = directory / f"{stem}.py"
-    if not path.exists() or path.read_text() != source.text:
-        fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            f.write(source.text)
-        os.replace(tmp, path)
+    """The module of ``source``, executed from its text (module docstring, "A module per
+    routine"); registered in ``sys.modules`` under a name of the routine and the text's digest."""
+    stem = f"{source.routine[:60]}-{hashlib.sha256(source.text.encode()).hexdigest()[:16]}"
     name = f"ocannl_triton_{stem.replace('-', '_')}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
+    filename = f"<ocannl triton {stem}>"
+    linecache.cache[filename] = (len(source.text), None, source.text.splitlines(keepends=True), filename)
+    module = ModuleType(name)
+    module.__file__ = filename
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    exec(compile(source.text, filename, "exec"), module.__dict__)
     return module
 
 
@@ -275,9 +274,13 @@ class TritonExecutable:
         """Files for the context's debug directory: the generated module."""
         return {".triton.py": self.source.text}
 
-    def out_of_bounds(self, flag: int) -> OutOfBoundsError:
+    def flag_error(self, flag: int) -> OutOfBoundsError | IntegerDivisionError:
         """The error of error-flag value ``flag``: the check it names (emit.ModuleSource.sites)."""
         what = self.source.sites.get(flag, "an index is outside its axis")
+        if flag in self.source.division_sites:
+            return IntegerDivisionError(
+                f"routine {self.name}: {what}; the Triton backend divided by 1 there (run the routine on the "
+                f"interp backend to see the statement and the indices)")
         return OutOfBoundsError(
             f"routine {self.name}: {what}; the Triton backend skipped or clamped those accesses (run the routine "
             f"on the interp backend to see the indices)"
@@ -363,7 +366,7 @@ class TritonExecutable:
             failed = np.flatnonzero(flags)
             if len(failed):
                 self.error_flag.zero_()
-                raise at_step(self.out_of_bounds(int(flags[failed[0]])), int(failed[0]))
+                raise at_step(self.flag_error(int(flags[failed[0]])), int(failed[0]))
         return [output.cpu().numpy() for output in outputs]
 
     def _record(self) -> Any:

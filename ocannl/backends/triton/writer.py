@@ -73,8 +73,8 @@ from ocannl.lowlevel.indexing import (
 )
 from ocannl.lowlevel.ir import (
     Binary, Cast, Comment, Const, DeclareLocal, EmbedIndex, Expr, Fill, For, GetLocal, Load, LoadDynamic, Local,
-    LocalScope, Namer, Seq, SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary, format_stmt, iter_exprs,
-    iter_stmts, stmt_exprs,
+    LocalScope, Namer, Seq, SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary, format_expr, format_stmt,
+    iter_exprs, iter_stmts, stmt_exprs,
 )
 from ocannl.lowlevel.identifiers import Namespace, comment_text
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
@@ -90,7 +90,7 @@ from ocannl.backends.partition import (
     Contraction,
     Kernel,
     Part,
-    _scatter_add_value,
+    scatter_add_value,
     scatter_add_nodes,
     signature_ok,
 )
@@ -261,6 +261,11 @@ class KernelWriter:
         self.checks_positions = False
         self.sites: dict[int, str] = {}
         """What each error-flag value this kernel may set means (:meth:`site`)."""
+        self.division_sites: set[int] = set()
+        """The sites of :attr:`sites` that are integer divisions by zero (:meth:`divisor`)."""
+        self.branch_guards: list[str] = []
+        """The conditions under which the value being written is used: those of the ``where``
+        branches it is in (:meth:`branch`)."""
         self.rblock: int | None = plan.rblock if isinstance(plan, FlatPlan) else None
         self.two_d = self.rblock is not None
         """Whether tiles are ``[XBLOCK, RBLOCK]`` (a flat kernel with inner tiles)."""
@@ -299,6 +304,7 @@ class KernelWriter:
                         if isinstance(x, (Load, LoadDynamic)):
                             nodes.setdefault(x.tnode, None)
                             dynamic |= isinstance(x, LoadDynamic)
+                        dynamic |= _integer_quotient(x)  # its divisor is checked (``divisor``)
                         idx = ()
                         if isinstance(x, (Load, LoadDynamic)):
                             idx = x.indices
@@ -943,7 +949,7 @@ class KernelWriter:
         offset, axes, checks = self.offset(node, s.indices, region, dynamic=(s.axis, pos), checked=True)
         mask = self.mask(axes, checks, region)
         ptr = self.node_names[node]
-        added = _scatter_add_value(s) if node in self.scatter else None
+        added = scatter_add_value(s) if node in self.scatter else None
         if added is not None:
             v = self.expr(added, region)
             code = self.to_storage(v, node.dtype)
@@ -1149,6 +1155,38 @@ class KernelWriter:
         self.line(f"tl.atomic_max(error + {name} * 0, {site}, mask={mask})")
         return Val(name, v.axes, v.dtype)
 
+    def branch(self, cond: Val, taken: str, e: Expr, region: Region) -> Val:
+        """``e``, a branch of a ``where`` on ``cond``, taken where ``cond {taken} 0``. Triton
+        computes both branches, where C and the interpreter compute the one taken: an integer
+        division in ``e`` checks its divisor only in the lanes that take the branch, so that
+        ``where(b != 0, div(a, b), 0)`` raises nothing (:attr:`branch_guards`)."""
+        if not any(_integer_quotient(x) for x in iter_exprs(e)):
+            return self.expr(e, region)
+        self.branch_guards.append(f"({cond.code} {taken} 0)")
+        try:
+            return self.expr(e, region)
+        finally:
+            self.branch_guards.pop()
+
+    def divisor(self, op: Binop, e: Expr, v: Val, region: Region) -> Val:
+        """The divisor ``v`` (computed from ``e``) of an integer ``div`` or ``mod``, checked:
+        where a lane's is zero, it raises the error flag to its site (the runtime's
+        :class:`~ocannl.errors.IntegerDivisionError`) and divides by 1 instead, as the C
+        backend's helper does, since a GPU gives no defined quotient."""
+        if v.literal:
+            if v.value != 0:
+                return v
+            v = v.computed(self.arithmetic.tensor(v))
+        site = self.site(f"integer {op.value} by zero (the divisor {format_expr(e, Namer())} is 0)")
+        self.division_sites.add(site)
+        name = self.arithmetic.atom(v)
+        self.checks_positions = True
+        lanes = [region.masks[a] for a in sorted(v.axes) if a in region.masks]
+        failing = self.temp(" & ".join(lanes + self.branch_guards + [f"({name} == 0)"]), "zero_divisor")
+        self.line(f"tl.atomic_max(error + {failing}.to(tl.int32) * 0, {site}, mask={failing})")
+        one = self.arithmetic.tensor(Val.constant(1, v.dtype))  # of v's type: uint32 is no weak partner
+        return Val(self.temp(f"tl.where({name} == 0, {one}, {name})", "divisor"), v.axes, v.dtype)
+
     # -- the register cache ------------------------------------------------------------------
 
     def push(self) -> None:
@@ -1264,9 +1302,14 @@ class KernelWriter:
                 return Val(x.lanes[lane], x.axes, dtypes.uint32)
             case Binary(op=op, a=a, b=b):
                 x, y = self.expr(a, region), self.expr(b, region)
+                if _integer_quotient(e):
+                    y = self.divisor(op, b, y, region)
                 return Val(self.arithmetic.binary(op, x, y, e.dtype), x.axes | y.axes, e.dtype)
             case Ternary(op=Ternop.WHERE, a=a, b=b, c=c):
-                cond, then, other = self.expr(a, region), self.expr(b, region), self.expr(c, region)
+                cond = self.expr(a, region)
+                if any(_integer_quotient(x) for branch in (b, c) for x in iter_exprs(branch)):
+                    cond = cond if cond.literal else cond.computed(self.arithmetic.atom(cond))
+                then, other = self.branch(cond, "!=", b, region), self.branch(cond, "==", c, region)
                 axes = cond.axes | then.axes | other.axes
                 if e.dtype is dtypes.uint4x32:
                     ca = self.arithmetic.atom(cond) if not cond.literal else cond.code
@@ -1543,6 +1586,11 @@ def scalar_accumulators() -> frozenset[Binop]:
     from ocannl.lowlevel.scalar_ops import ACCUMULATORS
 
     return ACCUMULATORS
+
+
+def _integer_quotient(e: Expr) -> bool:
+    """Whether ``e`` is an integer ``div`` or ``mod``, whose divisor the kernel checks."""
+    return isinstance(e, Binary) and e.op in (Binop.DIV, Binop.MOD) and not e.dtype.is_float
 
 
 def _mentions(e: Expr, old: Expr) -> bool:
