@@ -23,8 +23,8 @@ from ocannl.lowlevel import dtypes
 CONFIG_FILE = "ocannl_config"
 
 SETTINGS = {
-    "backend": "the backend a Context uses (ocannl/backends/base.py)",
-    "debug_dir": "where compiling writes each routine's IR and code (ocannl/backends/base.py)",
+    "backend": "the backend a Context uses (ocannl/backends/registry.py)",
+    "debug_dir": "where compiling writes each routine's IR and code (ocannl/backends/context.py)",
     "cache_dir": "the kernel cache's root (ocannl/backends/cache.py)",
     "fast_math": "fused multiply-adds everywhere (ocannl/lowlevel/optimize.py)",
     "param_precision": "the precision of new parameters (config.param_precision)",

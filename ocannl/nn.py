@@ -81,6 +81,32 @@ def softmax(x: Tensor, spec: str = "... | ..., t", temperature: float = 1.0) -> 
     return e / ops.einsum(reduce, e)
 
 
+def log_softmax(x: Tensor, spec: str = "... | ..., t") -> Tensor:
+    """``log(softmax(x))`` over the axes :func:`softmax` reduces, computed stably in one
+    expression: ``s - log(sum(exp(s)))`` with ``s = x - max``, so a large logit neither
+    overflows nor rounds its neighbours' logarithms to ``-inf``, as PyTorch's ``log_softmax``."""
+    reduce = _zeroed_result(spec)
+    shifted = x - ops.einmax(reduce, x)
+    return shifted - ops.log(ops.einsum(reduce, ops.exp(shifted)))
+
+
+def silu(x) -> Tensor:
+    """``x * sigmoid(x)`` (swish), as PyTorch's ``F.silu``."""
+    x = as_tensor(x)
+    return x * ops.sigmoid(x)
+
+
+def softplus(x) -> Tensor:
+    """``log(1 + exp(x))`` as PyTorch's ``F.softplus``, written ``m + log(exp(-m) + exp(x - m))``
+    with ``m = relu(x)`` so that no ``exp`` overflows: a large ``x`` gives ``x``, a very negative
+    one about ``exp(x)`` (below float32's resolution near 1, it rounds to 0). The form is exact
+    for any ``m``, so the gradient through ``m`` cancels and what remains is ``sigmoid(x)``, at
+    ``x = 0`` too, where ``relu``'s own gradient is 0."""
+    x = as_tensor(x)
+    m = ops.relu(x)
+    return m + ops.log(ops.exp(-m) + ops.exp(x - m))
+
+
 def max_pool2d(x: Tensor, stride: int = 2, window_size: int = 2) -> Tensor:
     """The maximum over ``window_size``-square windows of the two output axes before the
     channels (``... | h, w, ..c..``), moving by ``stride``: a one-operand max einsum whose window

@@ -18,6 +18,7 @@ from __future__ import annotations
 import builtins
 import functools
 import math
+import operator
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -31,8 +32,8 @@ from ocannl.lowlevel.scalar_ops import UINT4X32_LANES, Binop, ScalarOp, Ternop, 
 from ocannl.lowlevel.tnode import TNode, mark_virtual
 from ocannl.shape import einsum as es
 from ocannl.shape import solver as solver_mod
-from ocannl.shape.logic import (BatchSlice, Compose, Einsum, Interleave, Pointwise, ShapeLogic, Take, Words,
-                                 reduction_spec)
+from ocannl.shape.logic import (BatchSlice, Compose, Einsum, Interleave, Pointwise, Regroup, ShapeLogic, StaticIndex,
+                                 Take, Words, reduction_spec)
 from ocannl.shape.projections import derive_projections, identity_projections, retarget
 from ocannl.shape.shape import KINDS, Row
 from ocannl.shape.solver import DimEq, Origin
@@ -252,6 +253,43 @@ def _rule_accum(t: Tensor, lhs: TNode, lhs_slot: int, accum: Binop, expr, projec
                  initialize_neutral=initialize_neutral, spec=_spec_text(t, "."))
 
 
+def _first_position(t: Tensor, first: TNode, is_extreme, dtype: DType, leaves: dict[str, tuple[TNode, int]] | None = None
+                    ) -> tuple[Projections, dict[str, tuple[TNode, int]], list[Assignment]]:
+    """The assignments setting ``first`` (``t``'s dims) to the least position, in the order the
+    reduced loops of ``t`` run (row-major over the reduced axes), of the window's points where
+    the expression ``is_extreme`` holds; also the forward loops with a slot numbering the window
+    (``numbered``) and the leaves ``position`` and ``first`` for further rules over them
+    (``leaves`` adds others that ``is_extreme`` reads). The
+    positions are numbers of ``dtype``; a window larger than a float ``dtype`` counts exactly is
+    an error rather than a tie given to a neighbour."""
+    proj = t.projections()
+    extents = dict(zip(proj.product_iterators, proj.product_space))
+    reduced = proj.reduction_iterators()
+    window = tuple(extents[r] for r in reduced)
+    size = math.prod(window)
+    exact = 2**53 if dtype is dtypes.float64 else 2**24
+    if dtype.is_float and size > exact:
+        built_at = f" (built at {t.source})" if t.source else ""
+        raise SessionError(
+            f"{t.op} {t.label!r}{built_at}: each result cell reduces {size} cells, more than {dtype.name} "
+            f"positions count exactly ({exact}), so a tie could not be given to its first maximum; reduce "
+            f"in two steps (a maximum of maxima over smaller windows)")
+    numbered = Projections(proj.product_space, proj.product_iterators, proj.lhs_dims,
+                           proj.rhs_dims + (window,), proj.project_lhs,
+                           proj.project_rhs + (tuple(Iter(r) for r in reduced),), proj.debug)
+    position = TNode(f"{t.label}_window_position", dims=window, dtype=dtype)
+    # Virtual: each read becomes the window's loop indices as a number, so the search for the
+    # first maximum is a select between two values computed in registers, not a load.
+    mark_virtual(position)
+    extra = {"position": (position, len(t.operands) + 1), "first": (first, 0), **(leaves or {})}
+    code: list[Assignment] = [
+        Fetch(position, RangeOverOffsets()),
+        _rule_accum(t, first, 0, Binop.MIN, _b(Ternop.WHERE, is_extreme, "position", float(size)),
+                    lambda: numbered, extra, initialize_neutral=True),
+    ]
+    return numbered, extra, code
+
+
 def first_maximum(offered) -> Gradient:
     """The gradient of a reduction by maximum, where ``offered`` is the expression a point of
     the loops offers the maximum (``"v1"``; ``v1 + v2`` for tropical): in each window (the
@@ -270,34 +308,10 @@ def first_maximum(offered) -> Gradient:
         targets = [j for j, o in enumerate(t.operands, 1) if o.requires_grad]
         if not targets:
             return []
-        proj = t.projections()
-        extents = dict(zip(proj.product_iterators, proj.product_space))
-        reduced = proj.reduction_iterators()
-        window = tuple(extents[r] for r in reduced)
-        size = math.prod(window)
         dtype = t.dtype.compute if t.dtype.is_float else dtypes.DEFAULT
-        exact = 2**53 if dtype is dtypes.float64 else 2**24
-        if size > exact:
-            built_at = f" (built at {t.source})" if t.source else ""
-            raise SessionError(
-                f"{t.op} {t.label!r}{built_at}: each result cell reduces {size} cells, more than {dtype.name} "
-                f"positions count exactly ({exact}), so a tie could not be given to its first maximum; reduce "
-                f"in two steps (a maximum of maxima over smaller windows)")
-        numbered = Projections(proj.product_space, proj.product_iterators, proj.lhs_dims,
-                               proj.rhs_dims + (window,), proj.project_lhs,
-                               proj.project_rhs + (tuple(Iter(r) for r in reduced),), proj.debug)
-        position = TNode(f"{t.label}_window_position", dims=window, dtype=dtype)
-        # Virtual: each read becomes the window's loop indices as a number, so the search for the
-        # first maximum is a select between two values computed in registers, not a load.
-        mark_virtual(position)
         first = TNode(f"{t.label}_first_maximum", dims=t.dims, dtype=dtype)
-        extra = {"position": (position, len(t.operands) + 1), "first": (first, 0)}
-        is_maximum = _b(Binop.EQ, offered, "v")
-        code: list[Assignment] = [
-            Fetch(position, RangeOverOffsets()),
-            _rule_accum(t, first, 0, Binop.MIN, _b(Ternop.WHERE, is_maximum, "position", float(size)),
-                        lambda: numbered, extra, initialize_neutral=True),
-        ]
+        numbered, extra, find_first = _first_position(t, first, _b(Binop.EQ, offered, "v"), dtype)
+        code: list[Assignment] = list(find_first)
         for j in targets:
             code.append(_rule_accum(t, t.operands[j - 1].grad, j, _ADD,
                                     _mul("g", _b(Binop.EQ, "position", "first")), lambda: numbered, extra))
@@ -555,16 +569,22 @@ def tropical(spec: str, a, b, *, use_padding: bool | None = None, label: str | N
 # Reductions over whole axis kinds: ``t.sum()``, ``t.mean(axes="batch")``, ``t.max()``.
 
 
-def _reduction_logic(operands: Sequence[Tensor], axes: str | Sequence[str] | None = None) -> Einsum:
-    """The one-operand einsum reducing the axes of the kinds ``axes`` (every axis when None)."""
+def _reduction_logic(operands: Sequence[Tensor], axes: str | int | Sequence[str | int] | None = None) -> Einsum:
+    """The one-operand einsum reducing the axes of the kinds ``axes`` (every axis when None), or
+    the axes at the positions ``axes`` of the operand's dims (ints, negative from the end; the
+    other axes keep their kinds)."""
     if axes is None:
-        kinds = KINDS
-    else:
-        kinds = (axes,) if isinstance(axes, str) else tuple(axes)
-        bad = [k for k in kinds if k not in KINDS]
-        if bad:
-            raise ValueError(f"axes= takes kinds among {KINDS}, got {bad}")
-    return Einsum(reduction_spec(kinds))
+        return Einsum(reduction_spec(KINDS))
+    chosen = (axes,) if isinstance(axes, (str, int)) else tuple(axes)
+    if chosen and all(isinstance(a, int) and not isinstance(a, bool) for a in chosen):
+        rows = _rows(operands[0])
+        n = builtins.sum(len(row) for row in rows)
+        reduced = {_position(a, n, f"reduction of {operands[0].label!r}") for a in chosen}
+        return Einsum(es.parse_einsum(_positional_einsum(rows, [p if p not in reduced else None for p in range(n)])))
+    bad = [k for k in chosen if k not in KINDS]
+    if bad:
+        raise ValueError(f"axes= takes kinds among {KINDS} or positions (ints), got {bad}")
+    return Einsum(reduction_spec(chosen))  # type: ignore[arg-type]
 
 
 def _mean_scale(t: Tensor) -> float:
@@ -591,20 +611,37 @@ MAX_REDUCE = define(OpDef("max_reduce", shape=_reduction_logic, forward=_contrac
                           gradient=first_maximum("v1")))
 
 
-def sum(x, axes=None, *, label: str | None = None) -> Tensor:  # noqa: A001 - the catalog's name
-    """Sum over every axis (dims ``()``), or over the axes of the given kinds (``axes="batch"``)."""
-    return SUM(x, axes=axes, label=label)
+def _reduced(axes, axis):
+    """What a reduction reduces: ``axes=`` (kinds) or ``axis=`` (positions), not both."""
+    if axes is not None and axis is not None:
+        raise ValueError("a reduction takes axes= (kinds, or positions) or axis= (positions), not both")
+    return axes if axis is None else axis
 
 
-def mean(x, axes=None, *, label: str | None = None) -> Tensor:
-    """Mean over every axis, or over the axes of the given kinds."""
-    return MEAN(x, axes=axes, label=label)
+def sum(x, axes=None, *, axis=None, label: str | None = None) -> Tensor:  # noqa: A001 - the catalog's name
+    """Sum over every axis (dims ``()``), over the axes of the given kinds (``axes="batch"``), or
+    over the axes at the given positions of ``x.dims`` (``axis=-1``, ``axis=(0, 2)``)."""
+    return SUM(x, axes=_reduced(axes, axis), label=label)
 
 
-def max(x, axes=None, *, label: str | None = None) -> Tensor:  # noqa: A001 - the catalog's name
-    """Maximum over every axis, or over the axes of the given kinds. At a tie, the gradient goes
-    to the first maximum (docs/semantics.md, "Gradients at ties")."""
-    return MAX_REDUCE(x, axes=axes, label=label)
+def mean(x, axes=None, *, axis=None, label: str | None = None) -> Tensor:
+    """Mean over every axis, over the axes of the given kinds, or at the given positions."""
+    return MEAN(x, axes=_reduced(axes, axis), label=label)
+
+
+def max(x, axes=None, *, axis=None, label: str | None = None) -> Tensor:  # noqa: A001 - the catalog's name
+    """Maximum over every axis, over the axes of the given kinds, or at the given positions. At
+    a tie, the gradient goes to the first maximum (docs/semantics.md, "Gradients at ties")."""
+    return MAX_REDUCE(x, axes=_reduced(axes, axis), label=label)
+
+
+def logsumexp(x, axis=None, *, label: str | None = None) -> Tensor:
+    """``log(sum(exp(x)))`` over ``axis`` (as :func:`sum`'s ``axes``: every axis, or the axes of
+    the given kinds), computed as ``m + log(sum(exp(x - m)))`` with ``m`` the maximum, so no
+    ``exp`` overflows, as PyTorch's ``torch.logsumexp``."""
+    x = as_tensor(x)
+    m = MAX_REDUCE(x, axes=axis)
+    return OPS["add"](m, OPS["log"](SUM(OPS["exp"](x - m), axes=axis)), label=label)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -625,6 +662,262 @@ def slice_batch(x: Tensor, sym: IndexSymbol, *, label: str | None = None) -> Ten
     if not isinstance(sym, IndexSymbol):
         raise TypeError(f"tensors are indexed by an oc.IndexSymbol (a batch slice), got {type(sym).__name__}")
     return SLICE(x, symbol=sym, label=label or f"{x.label}@{sym.name}")
+
+
+# ---------------------------------------------------------------------------------------------
+# By position over ``t.dims``, in memory order batch, output, input (docs/shapes.md, "Indexing,
+# reshaping, reductions by position"): static indexing ``t[1:3]``, reshapes, permutations,
+# reductions along axes and ``argmax``. Each is built from its operand's dims.
+
+
+def _rows(x: Tensor) -> tuple[tuple[int, ...], ...]:
+    """``x``'s dims, one tuple per kind of ``KINDS``. An operation by position needs them when it
+    is built, so dims not yet known finish shape inference of what is built so far
+    (``Tensor.dims``), which names the parameter whose dims nothing determines."""
+    x.shape  # noqa: B018 - resolves what is already known, closing nothing
+    if not x._shape.is_concrete():
+        x.dims  # noqa: B018
+    return tuple(tuple(x._shape.row(k).dims) for k in KINDS)  # type: ignore[misc]
+
+
+def _kinds_by_position(rows: tuple[tuple[int, ...], ...]) -> list[str]:
+    return [k for k, row in zip(KINDS, rows) for _ in row]
+
+
+def _position(axis, ndim: int, what: str) -> int:
+    """``axis`` as a position among ``ndim`` axes, counted from the end when negative (numpy)."""
+    if isinstance(axis, bool) or not isinstance(axis, int) or not -ndim <= axis < ndim:
+        raise ShapeError(f"{what}: axis {axis!r} is not a position among the tensor's {ndim} axes; positions "
+                         f"count over t.dims (batch, output, input) from {-ndim} to {ndim - 1}")
+    return axis % ndim
+
+
+def _labels_spec(rows_of_labels: Sequence[Sequence[str]]) -> str:
+    """The shape spec ``batch|input->output`` of labels given per kind of ``KINDS``."""
+    b, o, i = ("".join(f"{a}," for a in row) for row in rows_of_labels)
+    return f"{b}|{i}->{o}"
+
+
+def _positional_einsum(rows: tuple[tuple[int, ...], ...], result_positions: Sequence[int | None]) -> str:
+    """The one-operand einsum spec whose result, kind by kind as the operand, holds the operand's
+    axis ``result_positions[q]`` at its position ``q`` (``None``: the axis is reduced away)."""
+    kinds = _kinds_by_position(rows)
+    operand = [[f"a{p}" for p, k in enumerate(kinds) if k == kind] for kind in KINDS]
+    kept = [(kinds[q], f"a{p}") for q, p in enumerate(result_positions) if p is not None]
+    result = [[label for k, label in kept if k == kind] for kind in KINDS]
+    return f"{_labels_spec(operand)} => {_labels_spec(result)}"
+
+
+def _copy_forward(t: Tensor) -> Assignment:
+    return _assign(t, Unop.ID, spec=t.op)
+
+
+STATIC_INDEX = define(OpDef("static_index", shape=lambda operands, logic: logic, forward=_copy_forward,
+                            gradient=rules(_G_TO_THE_OPERAND), dtype=lambda operands: operands[0].dtype))
+REGROUP = define(OpDef("reshape", shape=lambda operands, logic: logic, forward=_copy_forward,
+                       gradient=rules(_G_TO_THE_OPERAND), dtype=lambda operands: operands[0].dtype))
+
+
+def _pick(key, size: int, position: int, label: str) -> int | tuple[int, int, int]:
+    """One entry of a static index on an axis of ``size``: an int position (numpy: negative
+    counts from the end) or a slice as ``(start, step, count)``."""
+    if isinstance(key, slice):
+        start, stop, step = key.indices(size)
+        count = len(range(start, stop, step))
+        if count == 0:  # every backend's loops and buffers have at least one cell per axis
+            raise ShapeError(f"{label!r}[...]: the slice {key.start}:{key.stop}:{key.step} of axis {position} (size "
+                             f"{size}) selects no cell, and a tensor axis holds at least one")
+        return start, step, count
+    if isinstance(key, IndexSymbol):
+        raise TypeError(f"{label!r}[...]: an oc.IndexSymbol slices alone (xs[sym]); mix it with no other index")
+    try:
+        index = operator.index(key) if not isinstance(key, bool) else None
+    except TypeError:
+        index = None
+    if index is None:
+        raise TypeError(f"{label!r}[...]: a tensor is indexed by ints, slices, '...' or an oc.IndexSymbol, got "
+                        f"{type(key).__name__}; gather by values with oc.take")
+    if not -size <= index < size:
+        raise ShapeError(f"{label!r}[...]: index {index} is out of range for axis {position} of size {size}")
+    return index % size
+
+
+def static_index(x, key, *, label: str | None = None) -> Tensor:
+    """``x[key]`` for ints, slices and ``...``, numpy's basic indexing over ``x.dims`` (memory
+    order: batch, output, input): an int drops its axis, a slice keeps it (any step but 0), and
+    every kept axis keeps its kind. The result is a copy through a strided read
+    ``start + step*k``, so the gradient flows back to the cells read."""
+    x = as_tensor(x)
+    rows = _rows(x)
+    dims = [d for row in rows for d in row]
+    key = key if isinstance(key, tuple) else (key,)
+    ellipses = [j for j, k in enumerate(key) if k is Ellipsis]
+    if len(ellipses) > 1:
+        raise ShapeError(f"{x.label!r}[...]: an index can have a single ellipsis '...'")
+    given = len(key) - len(ellipses)
+    if given > len(dims):
+        raise ShapeError(f"{x.label!r}[...]: {given} indices for a tensor of {len(dims)} axes (dims {tuple(dims)})")
+    fill = (slice(None),) * (len(dims) - given)
+    key = key[:ellipses[0]] + fill + key[ellipses[0] + 1:] if ellipses else key + fill
+    picks = tuple(_pick(k, d, p, x.label) for p, (k, d) in enumerate(zip(key, dims)))
+    kinds = _kinds_by_position(rows)
+    result_rows = tuple(tuple(pick[2] for pick, k in zip(picks, kinds) if k == kind and not isinstance(pick, int))
+                        for kind in KINDS)
+    return STATIC_INDEX(x, logic=StaticIndex(result_rows, rows, picks), label=label or f"{x.label}[...]")
+
+
+def getitem(x: Tensor, key, *, label: str | None = None) -> Tensor:
+    """``x[sym]`` with an ``oc.IndexSymbol`` slices the leftmost batch axis at run time
+    (:func:`slice_batch`); any other key is a static index (:func:`static_index`)."""
+    if isinstance(key, IndexSymbol):
+        return slice_batch(x, key, label=label)
+    return static_index(x, key, label=label)
+
+
+def _common_cells(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...] | None:
+    """The coarsest dims of which both ``a`` and ``b`` (of one size) are runs of consecutive
+    products, or None where none exists (``(2, 3)`` and ``(3, 2)``): the boundaries of the
+    row-major prefixes of both, when each divides the next."""
+    def prefixes(dims: Sequence[int]) -> set[int]:
+        return {math.prod(dims[:j]) for j in range(len(dims) + 1)}
+
+    bounds = sorted(prefixes(a) | prefixes(b))
+    if any(hi % lo for lo, hi in zip(bounds, bounds[1:])):
+        return None
+    return tuple(hi // lo for lo, hi in zip(bounds, bounds[1:]))
+
+
+def _regroup(x: Tensor, result_rows: tuple[tuple[int, ...], ...], label: str) -> Tensor:
+    """``x``'s cells in row-major order, viewed as ``result_rows``: one copy where the two dims
+    have a common refinement, else two through the flat cells."""
+    rows = _rows(x)
+    dims = [d for row in rows for d in row]
+    new = [d for row in result_rows for d in row]
+    if 0 in dims:
+        raise ShapeError(f"reshape of {x.label!r}: a tensor with no cells (dims {tuple(dims)}) is not reshaped")
+    cells = _common_cells([d for d in dims if d != 1], [d for d in new if d != 1])
+    if cells is None:
+        flat = ((), (math.prod(dims),), ())
+        x = REGROUP(x, logic=Regroup(flat, rows, tuple(d for d in dims if d != 1)), label=f"{x.label}_flat")
+        rows, cells = flat, tuple(d for d in new if d != 1)
+    return REGROUP(x, logic=Regroup(result_rows, rows, cells), label=label)
+
+
+def _sizes(shape, total: int, what: str) -> tuple[int, ...]:
+    """``shape`` (an int or a sequence of ints, one of them possibly -1, as numpy) as the dims of
+    ``total`` cells."""
+    sizes = (shape,) if isinstance(shape, int) else tuple(shape)
+    if any(isinstance(d, bool) or not isinstance(d, int) or d < -1 for d in sizes) or sizes.count(-1) > 1:
+        raise ShapeError(f"{what}: the new dims {sizes} must be non-negative ints, with at most one -1 to infer")
+    known = math.prod(d for d in sizes if d != -1)
+    if -1 in sizes and known and total % known == 0:
+        sizes = tuple(total // known if d == -1 else d for d in sizes)
+    if math.prod(sizes) != total:
+        raise ShapeError(f"{what}: the new dims {sizes} do not hold the tensor's {total} cells")
+    return sizes
+
+
+def reshape(x, shape, *, batch: int = 0, input: int = 0, label: str | None = None) -> Tensor:  # noqa: A002
+    """``x``'s cells in row-major order over ``x.dims`` with the dims ``shape`` (numpy's reshape,
+    one ``-1`` inferred). Kinds, as ``oc.tensor``: the first ``batch`` new axes are batch axes,
+    the last ``input`` input axes, the rest output axes (by default every axis is an output
+    axis). Differentiable; a copy, each cell read once."""
+    x = as_tensor(x)
+    sizes = _sizes(shape, math.prod(d for row in _rows(x) for d in row), f"oc.reshape of {x.label!r}")
+    if batch < 0 or input < 0 or batch + input > len(sizes):
+        raise ShapeError(f"oc.reshape of {x.label!r}: batch={batch} and input={input} count axes among the "
+                         f"{len(sizes)} new dims {sizes}")
+    rows = (sizes[:batch], sizes[batch:len(sizes) - input], sizes[len(sizes) - input:])
+    return _regroup(x, rows, label or f"{x.label}_reshaped")
+
+
+def flatten(x, kind: str = "output", *, label: str | None = None) -> Tensor:
+    """The axes of ``kind`` made one axis of that kind (of size 1 where there were none); the
+    other kinds are unchanged. ``flatten(images)`` turns the outputs ``[C, H, W]`` into
+    ``[C*H*W]``."""
+    x = as_tensor(x)
+    if kind not in KINDS:
+        raise ValueError(f"flatten: kind must be one of {KINDS}, got {kind!r}")
+    rows = _rows(x)
+    result = tuple((math.prod(row),) if k == kind else row for k, row in zip(KINDS, rows))
+    return _regroup(x, result, label or f"{x.label}_flat")
+
+
+def unflatten(x, axis: int, sizes, *, label: str | None = None) -> Tensor:
+    """The axis at position ``axis`` of ``x.dims`` split into axes of ``sizes`` (one ``-1``
+    inferred) of its kind, as ``torch.unflatten``."""
+    x = as_tensor(x)
+    rows = _rows(x)
+    dims = [d for row in rows for d in row]
+    p = _position(axis, len(dims), f"unflatten of {x.label!r}")
+    new = _sizes(sizes, dims[p], f"unflatten of {x.label!r} at axis {p}")
+    kinds = _kinds_by_position(rows)
+    result = tuple(tuple(e for q, d in enumerate(dims) if kinds[q] == kind for e in (new if q == p else (d,)))
+                   for kind in KINDS)
+    return _regroup(x, result, label or f"{x.label}_unflat")
+
+
+def permute(x, order: Sequence[int], *, label: str | None = None) -> Tensor:
+    """The axes of ``x.dims`` reordered: position ``q`` of the result holds axis ``order[q]``
+    (``torch.permute``); the result's kinds stay those of ``x`` position by position (a batch
+    position stays a batch position). An einsum that relabels."""
+    x = as_tensor(x)
+    rows = _rows(x)
+    n = builtins.sum(len(row) for row in rows)
+    positions = [_position(p, n, f"permute of {x.label!r}") for p in order]
+    if sorted(positions) != list(range(n)):
+        raise ShapeError(f"permute of {x.label!r}: {tuple(order)} is not an order of its {n} axes")
+    return einsum(_positional_einsum(rows, positions), x, label=label or f"{x.label}_permuted")
+
+
+def transpose(x, axis1: int = -2, axis2: int = -1, *, label: str | None = None) -> Tensor:
+    """The axes at positions ``axis1`` and ``axis2`` of ``x.dims`` exchanged (``torch.transpose``;
+    by default the last two); kinds stay by position, as :func:`permute`."""
+    x = as_tensor(x)
+    n = builtins.sum(len(row) for row in _rows(x))
+    order = list(range(n))
+    a, b = (_position(p, n, f"transpose of {x.label!r}") for p in (axis1, axis2))
+    order[a], order[b] = order[b], order[a]
+    return permute(x, order, label=label)
+
+
+def _argextreme_forward(extreme: Binop) -> Forward:
+    """``argmax``/``argmin``: the extreme of each window, then the first position holding it
+    (the search the gradient of ``max`` makes, :func:`_first_position`)."""
+    def forward(t: Tensor) -> Assignment:
+        (x,) = t.operands
+        value = TNode(f"{t.label}_extreme", dims=t.dims, dtype=x.dtype)
+        find = Accum(value, extreme, Unop.ID, (x.value,), t.projections, initialize_neutral=True, spec=t.op)
+        _, _, first = _first_position(t, t.value, _b(Binop.EQ, "v1", "extreme"), t.dtype,
+                                      {"extreme": (value, 0)})
+        return Block((find, *first))
+
+    return forward
+
+
+def _argextreme_logic(operands: Sequence[Tensor], axis: int) -> Einsum:
+    rows = _rows(operands[0])
+    n = builtins.sum(len(row) for row in rows)
+    p = _position(axis, n, f"argmax/argmin of {operands[0].label!r}")
+    return Einsum(es.parse_einsum(_positional_einsum(rows, [q if q != p else None for q in range(n)])))
+
+
+ARGMAX = define(OpDef("argmax", shape=_argextreme_logic, forward=_argextreme_forward(Binop.MAX), gradient=None,
+                      dtype=lambda operands: dtypes.int64))
+ARGMIN = define(OpDef("argmin", shape=_argextreme_logic, forward=_argextreme_forward(Binop.MIN), gradient=None,
+                      dtype=lambda operands: dtypes.int64))
+
+
+def argmax(x, axis: int = -1, *, label: str | None = None) -> Tensor:
+    """The position of the maximum along the axis at position ``axis`` of ``x.dims`` (that axis
+    dropped, the others keep their kinds), the first one at a tie (numpy); int64, no gradient."""
+    return ARGMAX(x, axis=axis, label=label)
+
+
+def argmin(x, axis: int = -1, *, label: str | None = None) -> Tensor:
+    """The position of the minimum along the axis at position ``axis``, the first one at a tie;
+    int64, no gradient."""
+    return ARGMIN(x, axis=axis, label=label)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -838,8 +1131,10 @@ class DimRef:
 
 register_catalog(
     operators={"add": add, "sub": sub, "mul": mul, "div": true_divide, "pow": pow, "compose": compose, "neg": neg,
-               "lt": lt, "gt": gt, "eq": eq, "ne": ne, "not_": not_, "slice_batch": slice_batch},
+               "lt": lt, "gt": gt, "eq": eq, "ne": ne, "not_": not_, "getitem": getitem},
     methods={"relu": relu, "sat01": sat01, "exp": exp, "log": log, "exp2": exp2, "log2": log2, "sin": sin,
              "cos": cos, "sqrt": sqrt, "recip": recip, "recip_sqrt": recip_sqrt, "neg": neg, "tanh": tanh,
-             "sigmoid": sigmoid, "abs": abs, "not_": not_, "sum": sum, "mean": mean, "max": max},
+             "sigmoid": sigmoid, "abs": abs, "not_": not_, "sum": sum, "mean": mean, "max": max,
+             "reshape": reshape, "flatten": flatten, "unflatten": unflatten, "permute": permute,
+             "transpose": transpose, "argmax": argmax, "argmin": argmin},
 )

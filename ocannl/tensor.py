@@ -362,7 +362,7 @@ class Tensor:
     __matmul__, __rmatmul__ = _operator("compose"), _operator("compose", reflected=True)
     __lt__, __gt__ = _operator("lt"), _operator("gt")
     __eq__, __ne__ = _operator("eq"), _operator("ne")  # type: ignore[assignment]
-    __getitem__ = _operator("slice_batch")
+    __getitem__ = _operator("getitem")
 
     def __neg__(self): return _OPERATORS["neg"](self)
     def __le__(self, o): return _OPERATORS["not_"](_OPERATORS["gt"](self, o))

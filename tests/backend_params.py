@@ -3,6 +3,9 @@ triton) is skipped with the reason, and slow ones are marked."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import pytest
 
 import ocannl as oc
@@ -26,6 +29,18 @@ def backend_param(name: str, slow: bool = False):
     if slow:
         marks.append(pytest.mark.slow)
     return pytest.param(name, marks=marks, id=name)
+
+
+def context(name: str) -> oc.Context:
+    """A context on backend ``name``, or ``interp-scalar``: the interpreter's literal walk (``interp``
+    runs vectorized); the test skips where it cannot run (Triton runs here only under its
+    interpreter)."""
+    if name == "triton" and (importlib.util.find_spec("triton") is None or os.environ.get("TRITON_INTERPRET") != "1"):
+        pytest.skip("the Triton tests run Triton's interpreter: pip install 'ocannl[triton]', TRITON_INTERPRET=1")
+    try:
+        return oc.Context("interp", interp_mode="scalar") if name == "interp-scalar" else oc.Context(name)
+    except BackendUnavailable as e:
+        pytest.skip(str(e))
 
 
 def default_context(backend: str) -> oc.Context:

@@ -331,6 +331,9 @@ MORE_CASES = [
     case("compose-batch-size1", lambda a, b: a @ b, [((2,), (3,), (2,)), ((1,), (2,), ())]),
     case("max-of-batch-sum", lambda a: a.sum(axes="batch").max(), [BOI]),
     case("mean-scalar", lambda a: a.mean(), [SCALAR]),
+    case("static_index-strided", lambda a: a[1, 1:, ::-2], [((2,), (3,), (4,))]),
+    case("reshape-through-flat", lambda a: oc.reshape(a, (3, 8), batch=1), [((2,), (3,), (4,))]),
+    case("reshape-flatten-input", lambda a: oc.flatten(a, "input").sum(axis=0), [((2,), (), (3, 2))]),
 ]
 
 ALL_CASES = (UNARY_CASES + BINARY_CASES + TERNARY_CASES + COMPOSE_CASES + EINSUM_CASES + REDUCTION_CASES

@@ -12,7 +12,6 @@ interp (vectorized and scalar), c, metal (the C++ shim) and triton (its CPU inte
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import math
 import os
@@ -23,6 +22,7 @@ import pytest
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
 import ocannl as oc  # noqa: E402
+from backend_params import context  # noqa: E402
 from ocannl import train  # noqa: E402
 from ocannl.__main__ import doctor  # noqa: E402
 from ocannl.errors import OutOfBoundsError  # noqa: E402
@@ -33,16 +33,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::UserW
 BACKENDS = ("interp", "interp-scalar", "c", "metal", "triton")
 """``interp`` runs vectorized; ``interp-scalar`` is its literal walk, the executable semantics."""
 CPU_BACKENDS = ("c", "metal")  # compiled for this CPU against its C library, as the interpreter
-
-
-def context(name: str) -> oc.Context:
-    if name == "triton" and (importlib.util.find_spec("triton") is None or os.environ["TRITON_INTERPRET"] != "1"):
-        pytest.skip("the Triton tests run Triton's interpreter: pip install 'ocannl[triton]', TRITON_INTERPRET=1")
-    ctx = oc.Context("interp", interp_mode="scalar") if name == "interp-scalar" else oc.Context(name)
-    ok, why = ctx.backend.available()
-    if not ok:
-        pytest.skip(why)
-    return ctx
 
 
 def run(ctx: oc.Context, *tensors: oc.Tensor) -> list[np.ndarray]:

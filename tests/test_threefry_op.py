@@ -5,7 +5,6 @@ and ``uint4x32_word``."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import numpy as np
@@ -14,6 +13,7 @@ import pytest
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
 import ocannl as oc  # noqa: E402
+from backend_params import context  # noqa: E402
 from ocannl.backends.context import set_default_context  # noqa: E402
 from ocannl.errors import ShapeError  # noqa: E402
 from ocannl.lowlevel import dtypes, op_semantics  # noqa: E402
@@ -39,15 +39,8 @@ KNOWN_ANSWERS = [
 @pytest.fixture(params=BACKENDS)
 def backend(request) -> str:
     """Makes the backend the default context, so ``.numpy()`` computes there."""
-    name = request.param
-    if name == "triton" and (importlib.util.find_spec("triton") is None or os.environ["TRITON_INTERPRET"] != "1"):
-        pytest.skip("the Triton tests run Triton's interpreter: pip install 'ocannl[triton]', TRITON_INTERPRET=1")
-    ctx = oc.Context("interp", interp_mode="scalar") if name == "interp-scalar" else oc.Context(name)
-    ok, why = ctx.backend.available()
-    if not ok:
-        pytest.skip(why)
-    set_default_context(ctx)
-    return name
+    set_default_context(context(request.param))
+    return request.param
 
 
 def words(array) -> oc.Tensor:

@@ -27,21 +27,21 @@ What the walk decides for every language:
   :class:`~ocannl.lowlevel.ir.LocalScope` runs its statements just before the statement that
   uses it (a where branch holding one becomes an ``if``).
 * **Contractions** and **parallel loops**: which nests print as register tiles, with which tile
-  sizes, and which loops get the table's parallel pragma (OpenMP in C), is decided by
-  ``ocannl/lowlevel/cpu_schedule.py``; the walk prints its :class:`ContractionPlan` as tiles of
-  accumulators in scalar variables (in vectors where a language with a :class:`GemmTarget` has
-  them and the terms factor, :meth:`Emitter._tile_lanes`), each cell adding its terms in the
-  interpreter's order, and a
+  sizes and vector lanes, which loops get the table's parallel pragma (OpenMP in C) and where
+  selects print without branches, is decided by ``ocannl/lowlevel/cpu_schedule.py``: one
+  :class:`~ocannl.lowlevel.cpu_schedule.NestPlan` per nest the walk reaches
+  (:meth:`Emitter.for_loop`). The walk prints its :class:`ContractionPlan` as tiles of
+  accumulators in scalar variables (in vectors where the plan's ``TileNest.lanes`` says so),
+  each cell adding its terms in the interpreter's order, and a
   parallel loop's iterations writing disjoint cells, so results do not depend on the thread count.
   A language with a :class:`GemmTarget` (C) gets GEMM-class contractions as packed GEMMs
-  (:meth:`Emitter._gemm`, docs/codegen.md "Packed GEMM"), in the same order per cell.
+  (``ocannl/backends/c/gemm_printer.py``, docs/codegen.md "Packed GEMM"), in the same order per cell.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
 import abc
-import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Mapping, Protocol
 
@@ -54,7 +54,7 @@ from ocannl.lowlevel.indexing import Affine, AnySymbol, AxisIndex, Fixed, IndexS
 from ocannl.lowlevel.ir import (
     Binary, Cast, Comment, Const, DeclareLocal, EmbedIndex, Expr, Fill, For, GetLocal, Load, LoadDynamic, Local,
     LocalScope, Namer, RoutineIR, Seq, SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary,
-    format_expr, format_routine, format_stmt, iter_exprs, iter_stmts, seq, stmt_exprs,
+    format_routine, format_stmt, iter_exprs, iter_stmts, seq, stmt_exprs,
 )
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
 from ocannl.lowlevel.cpu_schedule import (
@@ -135,21 +135,13 @@ class Syntax(abc.ABC):
 
 class GemmTarget(Protocol):
     """What a language that runs packed GEMMs (C: ``ocannl/backends/c/gemm.py``) gives the walk:
-    the width of its vector registers, its micro-kernels and its thread-pool spellings."""
+    the width of its vector registers, its micro-kernels, and the printer of a packed GEMM's
+    loops (``ocannl/backends/c/gemm_printer.py``)."""
 
     vector_bytes: int
-    parallel_region: str
-    """The line opening a block that every thread runs."""
-
-    def work_shared_for(self, collapse: int) -> str:
-        """The line before ``collapse`` nested loops of such a block whose iterations are shared
-        among the threads, dynamically."""
 
     def kernel(self, shape: MicroKernel) -> list[str]:
         """The lines of the micro-kernel function of ``shape``."""
-
-    def kernel_name(self, shape: MicroKernel) -> str:
-        """The name of that function."""
 
     def declarations(self) -> list[str]:
         """File-scope lines the first GEMM of a source needs."""
@@ -160,18 +152,9 @@ class GemmTarget(Protocol):
     def vector_type(self, lanes: int, aligned: bool = True) -> str:
         """The name of one of them (``aligned=False``: the one read at any float address)."""
 
-    def thread_count(self, name: str) -> list[str]:
-        """Lines declaring ``name``, the number of threads of the enclosing block."""
-
-    def allocate(self, name: str, size: int) -> str:
-        """The declaration of ``name``, a pointer to ``size`` floats from the heap aligned for
-        the vector loads, null when the allocation fails."""
-
-    def release(self, name: str) -> str:
-        """The statement giving back what :meth:`allocate` took."""
-
-    def report(self, site: int) -> str:
-        """The statement recording the failed check ``site``, safe on any thread."""
+    def print_gemm(self, emitter: Emitter, plan: ContractionPlan) -> None:
+        """Prints the contraction ``plan``, whose :attr:`~ContractionPlan.gemm` is set, through
+        ``emitter``, its micro-kernel already declared."""
 
 
 @dataclass(frozen=True)
@@ -238,7 +221,7 @@ class Emitter:
         ``tile_function(emitter, name, params, body)`` wraps a contraction's lines in a helper
         function of the language; without it, contractions print inline. ``nest_function`` does
         the same for every other top-level loop nest (:meth:`body`). ``gemm``: the language runs
-        GEMM-class contractions as packed GEMMs (:meth:`_gemm`); the walk then prints them in
+        GEMM-class contractions as packed GEMMs (``GemmTarget.print_gemm``); the walk then prints them in
         helper functions through ``nest_function``."""
         self.syntax = syntax
         self.function_name = function_name
@@ -284,8 +267,48 @@ class Emitter:
 
     # -- output ----------------------------------------------------------------------------------
 
-    def line(self, text: str) -> None:
-        self._out.lines.append("  " * self._depth + text)
+    def line(self, text: str, indent: bool = True) -> None:
+        """Prints ``text`` at the current depth (``indent=False``: in the first column, as a
+        preprocessor line must be)."""
+        self._out.lines.append("  " * self._depth + text if indent else text)
+
+    @contextmanager
+    def indented(self) -> Iterator[None]:
+        """Lines printed inside are one level deeper."""
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+
+    @contextmanager
+    def symbol_texts(self, texts: Mapping[Symbol, tuple[str | None, int]]) -> Iterator[None]:
+        """Inside, each loop symbol of ``texts`` prints as ``(base, offset)``: ``base + offset``
+        (a tile's cell, a packed GEMM's flat index digits)."""
+        saved, self._env = self._env, dict(texts)
+        try:
+            yield
+        finally:
+            self._env = saved
+
+    @contextmanager
+    def known_extents(self, extents: Mapping[Symbol, int]) -> Iterator[None]:
+        """Inside, the loop symbols of ``extents`` are known to stay below them (bounds proofs)."""
+        self._extents.update(extents)
+        try:
+            yield
+        finally:
+            for s in extents:
+                self._extents.pop(s, None)
+
+    @contextmanager
+    def scope_value(self, scope: LocalScope, text: str) -> Iterator[None]:
+        """Inside, the local scope ``scope`` prints as ``text`` (its value already computed)."""
+        self._scope_values[id(scope)] = text
+        try:
+            yield
+        finally:
+            del self._scope_values[id(scope)]
 
     def body(self, around: Callable[[int], tuple[str, str]] | None = None) -> list[str]:
         """The lines of the routine's body (indented one level).
@@ -412,9 +435,8 @@ class Emitter:
                     self.stmt(Store(node, indices, value))
                     return
                 self.line(f"if ({conditions}) {{  /* a store into the margin does nothing */")
-                self._depth += 1
-                self.with_prelude(lambda: f"{self.access(node, indices, unchecked=True)} = {self.stored(node, value)};")
-                self._depth -= 1
+                with self.indented():
+                    self.with_prelude(lambda: f"{self.access(node, indices, unchecked=True)} = {self.stored(node, value)};")
                 self.line("}")
             case Store(tnode=node, indices=indices, value=value):
                 self._statement = s
@@ -498,15 +520,12 @@ class Emitter:
         var = self.namer.symbol(loop.symbol)
         it = self.syntax.index_type
         self.line(f"for ({it} {var} = 0; {var} < {loop.extent}; ++{var}) {{")
-        self._depth += 1
-        self._extents[loop.symbol] = loop.extent
-        was_parallel, self._in_parallel = self._in_parallel, self._in_parallel or bool(pragma)
-        declared = set(self._declared)
-        self.stmt(loop.body)
-        self._declared = declared
-        self._in_parallel = was_parallel
-        del self._extents[loop.symbol]
-        self._depth -= 1
+        with self.indented(), self.known_extents({loop.symbol: loop.extent}):
+            was_parallel, self._in_parallel = self._in_parallel, self._in_parallel or bool(pragma)
+            declared = set(self._declared)
+            self.stmt(loop.body)
+            self._declared = declared
+            self._in_parallel = was_parallel
         self.line("}")
 
     # -- contractions ----------------------------------------------------------------------------
@@ -518,41 +537,26 @@ class Emitter:
 
         A reset of the cells (``out[I] := 0.0`` before the sum, :attr:`ContractionPlan.reset`)
         prints no store: where the cell's first step would read it back, the accumulator starts
-        from the reset value instead (:meth:`_reset_value`), so each cell is written once, at the
+        from the reset value instead (:meth:`reset_value`), so each cell is written once, at the
         end of its tile, and its bits are those of the reset and the sum in their order."""
         plan = nest.contraction
         saved_out, saved_depth = self._out, self._depth
         self._out, self._depth = _Output(), 1 if self.tile_function else self._depth
         self._statement = plan.store
-        store = plan.store
-        if plan.gemm is not None and self.gemm is not None:
-            g = plan.gemm
-            term = format_expr(Binary(Binop.MUL, *((g.a, g.b) if g.a_first else (g.b, g.a))), self.namer)
-            terms = ", ".join(f"{self.namer.symbol(s)} < {n}" for s, n in g.k)
-            cell = format_expr(Load(store.tnode, store.indices), self.namer)
-            what = f"{cell} := {cell} + sum of {term} over {terms}"
-            if plan.scope is not None:
-                consumer = format_stmt(store, self.namer).rstrip(";")
-                what = f"{consumer}, where {self.namer.local(plan.scope.local)} sums {term} over {terms}"
-            self.line(
-                f"/* {comment_text(what)}, as a packed GEMM: {g.mr}x{g.nr} micro-kernel, "
-                f"cache blocks mc x kc x nc = {g.mc} x {g.kc} x {g.nc}; "
-                + (f"each block of {g.block} terms sums from zero, then adds to the cell */" if g.block
-                   else "each cell sums in loop order */")
-            )
+        packed = plan.gemm is not None and self.gemm is not None
+        if packed:
+            self._declare_gemm_kernel(plan.gemm)
+            self.gemm.print_gemm(self, plan)
         else:
             self.line(
-                f"/* {comment_text(format_stmt(store, self.namer))} in {plan.mr}x{plan.nr} register tiles; "
+                f"/* {comment_text(format_stmt(plan.store, self.namer))} in {plan.mr}x{plan.nr} register tiles; "
                 + ("each block of terms sums from zero, then adds to the cell */" if plan.blocks is not None
                    else "each cell sums in loop order */")
             )
-        packed = plan.gemm is not None and self.gemm is not None
-        if packed:
-            self._gemm(plan, plan.gemm)
-        elif plan.blocks is not None:
-            self._block_contraction(plan, nest.tile_nests)
-        else:
-            self._loop_order_contraction(plan, nest.tile_nests[0])
+            if plan.blocks is not None:
+                self._block_contraction(plan, nest.tile_nests)
+            else:
+                self._loop_order_contraction(plan, nest.tile_nests[0])
         lines, self._out, self._depth = self._out.lines, saved_out, saved_depth
         if self.tile_function is None:
             self._out.lines.extend(lines)
@@ -612,197 +616,16 @@ class Emitter:
             self._depth -= 1
             self.line("}")
 
-    def _gemm(self, plan: ContractionPlan, g: GemmPlan) -> None:
-        """A contraction as a packed GEMM (``cpu_schedule.GemmPlan``), BLIS's loop nest cut into
-        units of work: ``nc`` columns by a share of the rows (all of them on one thread), for each
-        batch iteration. A unit packs the panel of B of each ``kc`` panel of the reduction, in
-        order, then for each ``mc`` of its rows the block of A, and runs the micro-kernel over the
-        block's tiles. Threads take units as they finish others and never wait for each other
-        (a core that another process slows down does fewer units); a cell is computed by one unit,
-        its panels in order, so the result does not depend on the threads. Operands are read
-        through their loads as the loop IR writes them (any strides: a transposed operand is
-        packed as it is read). Each thread takes its packing buffers from the heap (up to
-        hundreds of KiB: a caller's thread may have a small stack); when that fails the routine
-        reports it as a failed check, and the thread computes no unit. A reset of the cells is
-        the micro-kernel's start on the first panel (``fresh``, ``ocannl/backends/c/gemm.py``)."""
-        gemm, syn, it = self.gemm, self.syntax, self.syntax.index_type
-        out, idx = plan.store.tnode, plan.store.indices
-        m, n, n_k = g.m, g.n, g.depth
-        mr, nr = g.mr, g.nr
-        kc, nc = min(g.kc, n_k), min(g.nc, -(-n // nr) * nr)
-        mc = min(g.mc, -(-m // mr) * mr)
-        shape = g.kernel
+    def _declare_gemm_kernel(self, g: GemmPlan) -> None:
+        """Adds the GEMM declarations (once per source) and ``g``'s micro-kernel (once per
+        shape) to :attr:`functions`."""
         if not self._gemm_kernels:
-            self.functions.append(gemm.declarations())
-        if shape not in self._gemm_kernels:
+            self.functions.append(self.gemm.declarations())
+        if g.kernel not in self._gemm_kernels:
             if g.lanes > 1:
                 self._declare_vector_type(g.lanes)
-            self._gemm_kernels.add(shape)
-            self.functions.append(gemm.kernel(shape))
-        extents = dict((*g.rows, *g.cols, *g.k, *g.outer))
-        self._extents.update(extents)
-        parallel = g.parallel
-        zero, real = syn.literal(0.0, dtypes.float32), syn.compute_type(dtypes.float32)
-        # The micro-kernel's fresh and start arguments: the cells' reset on the first panel.
-        resets = plan.reset is not None and plan.scope is None
-        fresh, start = ("_pc == 0", self._reset_value(plan)) if resets else ("0", zero)
-
-        def minimum(a: str, b: str) -> str:
-            return f"{a} < {b} ? {a} : {b}"
-
-        def block(header: str, body: Callable[[], None], pragma: str | None = None) -> None:
-            if pragma:
-                self.line(pragma)
-            self.line(f"{header} {{" if header else "{")
-            self._depth += 1
-            body()
-            self._depth -= 1
-            self.line("}")
-
-        def pack(buffer: str, factor: Load, width: int, span: str, along: tuple) -> None:
-            """``buffer[k*width + q] = factor`` at the flat index ``start + q`` of the loops
-            ``along`` for ``q < span`` and the ``k`` of the panel, zero for ``span <= q <
-            width``: one packed strip, written in order (``k`` outside, ``q`` inside: an operand
-            contiguous along ``k`` is read ``width`` rows at a time, each row's cache lines
-            staying in L1 for the next ``k``). A whole strip's inner loop has a constant trip
-            count, which the compiler unrolls or vectorizes."""
-            self._env = {**_digits(along, "_at"), **_digits(g.k, "_kk")}
-
-            def cell() -> None:
-                self.line(f"const {it} _at = _start + _q, _kk = _pc + _k;")
-                self.line(f"{buffer}[{width}*_k + _q] = {self.expr(factor)};")
-
-            def strip(count: str) -> None:
-                block(f"for ({it} _k = 0; _k < _kc; ++_k)",
-                      lambda: block(f"for ({it} _q = 0; _q < {count}; ++_q)", cell))
-
-            self.line(f"if ({span} == {width}) {{")
-            self._depth += 1
-            strip(str(width))
-            self._depth -= 1
-            self.line("} else {")
-            self._depth += 1
-            strip(span)
-            block(f"for ({it} _k = 0; _k < _kc; ++_k)",
-                  lambda: self.line(f"for ({it} _q = {span}; _q < {width}; ++_q) {buffer}[{width}*_k + _q] = {zero};"))
-            self._depth -= 1
-            self.line("}")
-            self._env = {}
-
-        def tiles() -> None:
-            self.line(f"const {it} _mcc = {minimum('_mend - _ic', str(mc))};")
-            self.line(f"/* pack A: the block's rows in strips of {mr}, k after k */")
-
-            def pack_a() -> None:
-                self.line(f"{real} *_strip = _pa + _ir*_kc;")
-                self.line(f"const {it} _start = _ic + _ir, _h = {minimum('_mcc - _ir', str(mr))};")
-                pack("_strip", g.a, mr, "_h", g.rows)
-
-            block(f"for ({it} _ir = 0; _ir < _mcc; _ir += {mr})", pack_a)
-            self.line(f"/* the micro-kernel over the block's {mr}x{nr} tiles */")
-            block(f"for ({it} _jr = 0; _jr < _nc; _jr += {nr})",
-                  lambda: block(f"for ({it} _ir = 0; _ir < _mcc; _ir += {mr})", tile))
-
-        def tile() -> None:
-            self.line(f"const {real} *_ap = _pa + _ir*_kc, *_bp = _pb + _jr*_kc;")
-            self.line(f"const {it} _h = {minimum('_mcc - _ir', str(mr))}, _w = {minimum('_nc - _jr', str(nr))};")
-            direct = plan.scope is None and g.c_strides is not None and g.c_strides[1] == 1
-            if direct:
-                self._env = {**_digits(g.rows, "(_ic + _ir)"), **_digits(g.cols, "(_jc + _jr)")}
-                corner = self.access(out, idx)
-                self._env = {}
-                self.line(f"if (_h == {mr} && _w == {nr}) {{")
-                self._depth += 1
-                self.line(f"{gemm.kernel_name(shape)}(_kc, _ap, _bp, &{corner}, {g.c_strides[0]}, {fresh}, {start});")
-                self.line("continue;")
-                self._depth -= 1
-                self.line("}")
-            self.line(f"/* {'an edge tile: its cells' if direct else 'the tile'} through a buffer */")
-            self.line(f"{real} _t[{mr * nr}] = {{0}};")
-            self._env = {**_digits(g.rows, "(_ic + _ir + _r)"), **_digits(g.cols, "(_jc + _jr + _q)")}
-            if plan.scope is not None:
-                init = plan.init.value if plan.init is not None else 0.0
-                first = syn.literal(init, dtypes.float32)
-            else:
-                first = self._start(plan, "_pc == 0" if resets else None)
-            cells = f"for ({it} _r = 0; _r < _h; ++_r) for ({it} _q = 0; _q < _w; ++_q)"
-            self.line(f"{cells} _t[{nr}*_r + _q] = {first};")
-            self.line(f"{gemm.kernel_name(shape)}(_kc, _ap, _bp, _t, {nr}, 0, {zero});")
-            if plan.scope is not None:
-                self._scope_values[id(plan.scope)] = f"_t[{nr}*_r + _q]"
-                def consume() -> None:
-                    self.with_prelude(lambda: f"{self.access(out, idx)} = {self.stored(out, plan.store.value)};")
-
-                block(cells, consume)
-                self._scope_values.clear()
-            else:
-                self.line(f"{cells} {self.access(out, idx)} = {syn.to_storage(out.dtype, f'_t[{nr}*_r + _q]')};")
-            self._env = {}
-
-        def panel() -> None:
-            self.line(f"const {it} _kc = {minimum(f'{n_k} - _pc', str(kc))};")
-            self.line(f"/* pack B: the panel's columns in strips of {nr}, k after k */")
-
-            def pack_b() -> None:
-                self.line(f"{real} *_strip = _pb + _jr*_kc;")
-                self.line(f"const {it} _start = _jc + _jr, _w = {minimum('_nc - _jr', str(nr))};")
-                pack("_strip", g.b, nr, "_w", g.cols)
-
-            block(f"for ({it} _jr = 0; _jr < _nc; _jr += {nr})", pack_b)
-            block(f"for ({it} _ic = _iu; _ic < _mend; _ic += {mc})", tiles)
-
-        def unit() -> None:
-            self.line("if (!_pb) continue;  /* no buffers: the failure is reported */")
-            self.line(f"{real} *const _pa = _pb + {panel_b};")
-            self.line(f"const {it} _nc = {minimum(f'{n} - _jc', '_nb')}, _mend = {minimum('_iu + _mu', str(m))};")
-            block(f"for ({it} _pc = 0; _pc < {n_k}; _pc += {kc})", panel)
-
-        loops = [f"for ({it} {self.namer.symbol(s)} = 0; {self.namer.symbol(s)} < {extent}; ++{self.namer.symbol(s)})"
-                 for s, extent in g.outer]
-        loops += [f"for ({it} _jc = 0; _jc < {n}; _jc += _nb)", f"for ({it} _iu = 0; _iu < {m}; _iu += _mu)"]
-
-        def units(depth: int = 0) -> None:
-            if depth == len(loops):
-                unit()
-            else:
-                block(loops[depth], lambda: units(depth + 1))
-
-        panel_b = -(-kc * nc // 16) * 16  # the block of A starts 64-byte aligned
-        where = format_stmt(plan.store, self.namer).rstrip(";")
-        site = self.site("memory", f"no memory for a thread's packing buffers ({(panel_b + mc * kc) * 4} bytes) "
-                                   f"of the product in `{where}`")
-
-        def region() -> None:
-            self.line("/* this thread's packed panel of B, then its packed block of A */")
-            self.line(gemm.allocate("_pb", panel_b + mc * kc))
-            self.line(f"if (!_pb) {gemm.report(site)}")
-            if parallel:
-                for line in gemm.thread_count("_nt"):  # preprocessor lines start in the first column
-                    self._out.lines.append(line if line.startswith("#") else "  " * self._depth + line)
-                # The units: two per thread, ``_ru`` row shares by ``_cu`` column shares. A
-                # unit packs the rows of the left operand in its share and the columns of the
-                # right one in its, so the operands are packed ``_cu * m + _ru * n`` values per
-                # term in all: the split that packs least (all columns to a unit when the rows
-                # are few, as in a batch of 64 against 256 columns; halves of each for a square).
-                self.line("/* two units of work per thread (a thread another process slows down leaves its units")
-                self.line("   to the others): _ru shares of the rows by _cu of the columns, packing the least */")
-                self.line(f"{it} _ru = 1;")
-                self.line(f"for ({it} _r = 2, _u = 2*_nt; _r <= _u; ++_r)")
-                self.line(f"  if (((_u + _r - 1) / _r) * {m} + _r * {n} < ((_u + _ru - 1) / _ru) * {m} + _ru * {n}) _ru = _r;")
-                self.line(f"const {it} _cu = (2*_nt + _ru - 1) / _ru;")
-                rows = f"(({m} + _ru - 1) / _ru + {mr - 1}) / {mr} * {mr}"  # whole tiles
-                cols = f"(({n} + _cu - 1) / _cu + {nr - 1}) / {nr} * {nr}"  # whole strips
-                self.line(f"const {it} _mu = _nt == 1 ? {m} : {rows}, _nb = _nt == 1 || {cols} > {nc} ? {nc} : {cols};")
-                self.line("/* units of columns and rows, each packing its own panels; no thread waits for another */")
-                self.line(gemm.work_shared_for(len(loops)))
-            else:
-                self.line(f"const {it} _mu = {m}, _nb = {nc};")
-            units()
-            self.line(gemm.release("_pb"))
-
-        block("", region, gemm.parallel_region if parallel else None)
-        for s in extents:
-            self._extents.pop(s, None)
+            self._gemm_kernels.add(g.kernel)
+            self.functions.append(self.gemm.kernel(g.kernel))
 
     def _helper_params(self, nest: Stmt) -> tuple[list[str], list[str]]:
         """The parameters of the helper function printing ``nest`` (a contraction or a top-level
@@ -929,7 +752,7 @@ class Emitter:
             if plan.scope is not None:
                 first = self.syntax.literal(plan.init.value if plan.init else _zero(acc_dtype), acc_dtype)
             else:
-                first = self._start(plan, fresh)
+                first = self.cell_start(plan, fresh)
             self.line(f"{ctype} {acc(r, q)} = {first};")
         if lanes:
             rows, nv = _vector_shape(cells, lanes)
@@ -985,22 +808,23 @@ class Emitter:
                     self._tile_blocks(plan, x, cells, cell_env, fresh if n_stmt == 0 else None, lanes)
                 return
             case For(symbol=symbol, extent=n, body=body):
-                var = self.namer.symbol(symbol)
-                self.line(f"for ({self.syntax.index_type} {var} = 0; {var} < {n}; ++{var}) {{")
-                self._depth += 1
-                self._extents[symbol] = n
-                self._tile_blocks(plan, body, cells, cell_env, None if fresh is None else (*fresh, f"{var} == 0"), lanes)
-                del self._extents[symbol]
-                self._depth -= 1
-                self.line("}")
+                inner = None if fresh is None else (*fresh, f"{self.namer.symbol(symbol)} == 0")
+                self._block_loop(symbol, n, lambda: self._tile_blocks(plan, body, cells, cell_env, inner, lanes))
                 return
         block = blocks.value.b  # a leaf: the cell or the tile's accumulator += a block sum
-        out, idx, dtype = plan.store.tnode, plan.store.indices, block.local.dtype
         self.line("{")
-        self._depth += 1
+        with self.indented():
+            self._tile_leaf(plan, block, cells, cell_env, fresh, lanes)
+        self.line("}")
+
+    def _tile_leaf(self, plan: ContractionPlan, block: LocalScope, cells: list[tuple[int, int]], cell_env: Callable,
+                   fresh: tuple[str, ...] | None, lanes: int | None) -> None:
+        """A leaf of :meth:`_tile_blocks`: each cell's block ``block`` summed from zero, then added
+        to the cell (or to the tile's accumulator of an inlined reduction)."""
+        out, idx, dtype = plan.store.tnode, plan.store.indices, block.local.dtype
         for r, q in cells:  # the cell is read before the block's loop: C compilers vectorize that
             self._env = cell_env(r, q)
-            start = f"_c{r}_{q}" if plan.scope is not None else self._start(plan, None if fresh is None else " && ".join(fresh))
+            start = f"_c{r}_{q}" if plan.scope is not None else self.cell_start(plan, None if fresh is None else " && ".join(fresh))
             self.line(f"{self.syntax.compute_type(dtype)} _d{r}_{q} = {start};")
         self._env = {}
         if lanes:
@@ -1015,23 +839,21 @@ class Emitter:
             else:
                 self.line(f"{self.access(out, idx)} = {self.syntax.to_storage(out.dtype, total)};")
         self._env = {}
-        self._depth -= 1
-        self.line("}")
 
-    def _reset_value(self, plan: ContractionPlan) -> str:
+    def reset_value(self, plan: ContractionPlan) -> str:
         """The reset constant as the cell would read it back after storing it (rounded to the
         node's storage where that is narrower)."""
         out = plan.store.tnode
         return self.syntax.from_storage(out.dtype, self.stored(out, plan.reset))
 
-    def _start(self, plan: ContractionPlan, fresh: str | None) -> str:
+    def cell_start(self, plan: ContractionPlan, fresh: str | None) -> str:
         """A cell's value where its sum reads it (at the current ``_env``): the reset value when
         ``fresh`` (a condition; ``""``: always) holds, the cell otherwise."""
         out, idx = plan.store.tnode, plan.store.indices
         cell = self.syntax.from_storage(out.dtype, self.access(out, idx))
         if fresh is None or plan.reset is None:
             return cell
-        return self._reset_value(plan) if not fresh else f"({fresh} ? {self._reset_value(plan)} : {cell})"
+        return self.reset_value(plan) if not fresh else f"({fresh} ? {self.reset_value(plan)} : {cell})"
 
     def _tile_block_sum(self, block: LocalScope, cells: list[tuple[int, int]], cell_env: Callable, level: int) -> None:
         """Each cell's sum of ``block`` from zero in the register ``_b<level>_<r>_<q>``: its loops
@@ -1051,12 +873,11 @@ class Emitter:
                     self._block_loop(symbol, n, lambda: walk(body))
                 case SetLocal(value=Binary(b=LocalScope() as inner)):
                     self.line("{")
-                    self._depth += 1
-                    self._tile_block_sum(inner, cells, cell_env, level + 1)
-                    for r, q in cells:
-                        total = self.syntax.binary(Binop.ADD, dtype, f"_b{level}_{r}_{q}", f"_b{level + 1}_{r}_{q}")
-                        self.line(f"_b{level}_{r}_{q} = {total};")
-                    self._depth -= 1
+                    with self.indented():
+                        self._tile_block_sum(inner, cells, cell_env, level + 1)
+                        for r, q in cells:
+                            total = self.syntax.binary(Binop.ADD, dtype, f"_b{level}_{r}_{q}", f"_b{level + 1}_{r}_{q}")
+                            self.line(f"_b{level}_{r}_{q} = {total};")
                     self.line("}")
                 case SetLocal(value=Binary(op=op, b=term)):
                     for r, q in cells:
@@ -1071,11 +892,8 @@ class Emitter:
         """A loop of a block's sum around what ``body`` prints, its extent known inside."""
         var = self.namer.symbol(symbol)
         self.line(f"for ({self.syntax.index_type} {var} = 0; {var} < {extent}; ++{var}) {{")
-        self._depth += 1
-        self._extents[symbol] = extent
-        body()
-        del self._extents[symbol]
-        self._depth -= 1
+        with self.indented(), self.known_extents({symbol: extent}):
+            body()
         self.line("}")
 
     def _tile_block_sum_vector(self, plan: ContractionPlan, block: LocalScope, cells: list[tuple[int, int]],
@@ -1100,13 +918,12 @@ class Emitter:
                     self._block_loop(symbol, n, lambda: walk(body, level))
                 case SetLocal(value=Binary(b=LocalScope() as inner)):
                     self.line("{")
-                    self._depth += 1
-                    declare(level + 1)
-                    walk(inner.body, level + 1)
-                    for r in range(rows):
-                        for v in range(nv):
-                            self.line(f"_vb{level}_{r}_{v} = _vb{level}_{r}_{v} + _vb{level + 1}_{r}_{v};")
-                    self._depth -= 1
+                    with self.indented():
+                        declare(level + 1)
+                        walk(inner.body, level + 1)
+                        for r in range(rows):
+                            for v in range(nv):
+                                self.line(f"_vb{level}_{r}_{v} = _vb{level}_{r}_{v} + _vb{level + 1}_{r}_{v};")
                     self.line("}")
                 case SetLocal(value=Binary(b=term)):
                     self._vector_step(plan, term, lambda r, v: f"_vb{level}_{r}_{v}", cells, cell_env, lanes)
@@ -1242,13 +1059,9 @@ class Emitter:
         test = f"{c} != {zero}"
         branches = []
         for branch in (then, other):
-            saved = self._out
-            self._out = _Output()
-            self._depth += 1
-            text = self.expr(branch)
-            self._depth -= 1
-            branches.append((self._out.lines, text))
-            self._out = saved
+            with self._printing_apart({}, self._depth + 1) as out:
+                text = self.expr(branch)
+            branches.append((out.lines, text))
         if not branches[0][0] and not branches[1][0]:
             if (then.dtype.is_float and _reads_memory(cond)
                     and self._speculable(then) and self._speculable(other)):
@@ -1376,24 +1189,6 @@ def _reads_memory(e: Expr) -> bool:
     """Whether ``e`` reads a buffer or a local (its value depends on data, not only on the
     loop indices)."""
     return any(isinstance(x, (Load, LoadDynamic, GetLocal, LocalScope)) for x in iter_exprs(e))
-
-
-def _digits(loops: tuple[tuple[Symbol, int], ...], flat: str) -> dict[Symbol, tuple[str, int]]:
-    """The walk's texts of ``loops`` as the row-major digits of the flat index ``flat``."""
-    texts: dict[Symbol, tuple[str, int]] = {}
-    stride = 1
-    for position, (s, n) in reversed(list(enumerate(loops))):
-        if len(loops) == 1:
-            text = flat
-        elif stride == 1:
-            text = f"({flat} % {n})"
-        elif position == 0:
-            text = f"({flat} / {stride})"
-        else:
-            text = f"({flat} / {stride} % {n})"
-        texts[s] = (text, 0)
-        stride *= n
-    return texts
 
 
 def _scaled(stride: int, text: str) -> str:

@@ -85,7 +85,9 @@ from dataclasses import dataclass, field, replace
 from typing import AbstractSet, Iterable, Iterator
 
 from ocannl.lowlevel import dtypes
-from ocannl.lowlevel.analysis import Access, accesses, expr_symbols, indices_symbols, loop_chain
+from ocannl.lowlevel.analysis import (
+    Access, accesses, expr_symbols, indices_symbols, locals_read, locals_written, loop_chain, sets_outer_local,
+)
 from ocannl.lowlevel.indexing import AnySymbol, Iter, Symbol
 from ocannl.lowlevel.ir import (
     Binary, Cast, Comment, Const, DeclareLocal, EmbedIndex, Expr, Fill, For, GetLocal, Load, LoadDynamic,
@@ -149,15 +151,6 @@ def _non_atomic_accesses(s: Stmt, node: TNode) -> Iterator[Access]:
 
 # ---------------------------------------------------------------------------------------------
 # Loop chains and grid candidates
-
-
-def _sets_outer_local(loop: For) -> bool:
-    """Whether the loop body sets a local it does not declare (a reduction into a local)."""
-    declared = {s.local for s in iter_stmts(loop.body) if isinstance(s, DeclareLocal)}
-    for s in iter_stmts(loop.body):
-        for e in stmt_exprs(s):
-            declared.update(x.local for x in iter_exprs(e) if isinstance(x, LocalScope))
-    return any(isinstance(s, SetLocal) and s.local not in declared for s in iter_stmts(loop.body))
 
 
 def axis_positions(access: Access, symbol: AnySymbol) -> frozenset[int]:
@@ -273,7 +266,7 @@ def _grid_candidates(stmt: Stmt, footprint: Footprint, scatter: frozenset[TNode]
     chain, _ = loop_chain(stmt)
     out = []
     for loop in chain:
-        if loop.extent < 1 or _sets_outer_local(loop):
+        if loop.extent < 1 or sets_outer_local(loop.body):
             continue
         if not footprint.stores and not scatter:
             continue
@@ -569,9 +562,7 @@ def _hoist(kernels: list[Kernel], candidate: _Candidate, comments: list[str], to
     """Add a statement to an earlier kernel than the last (module docstring, "Moving a statement
     up"): the latest one it may join, provided it conflicts with no kernel after that one."""
     stmt = candidate.stmt
-    if isinstance(stmt, (DeclareLocal, SetLocal)) or any(
-            isinstance(x, GetLocal) and x.local in top_locals for s in iter_stmts(stmt) for e in stmt_exprs(s)
-            for x in iter_exprs(e)):
+    if isinstance(stmt, (DeclareLocal, SetLocal)) or not top_locals.isdisjoint(locals_read(stmt)):
         return False  # a top-level local lives in the kernel of its declaration
     nodes = (candidate.footprint.reads, candidate.footprint.writes)
     for j in range(len(kernels) - 2, -1, -1):
@@ -586,13 +577,8 @@ def _last_uses(statements: list[Stmt]) -> dict:
     """For each local declared at the top level, the position of the last statement using it."""
     out: dict = {}
     for position, stmt in enumerate(statements):
-        for s in iter_stmts(stmt):
-            if isinstance(s, (DeclareLocal, SetLocal)):
-                out[s.local] = position
-            for e in stmt_exprs(s):
-                for x in iter_exprs(e):
-                    if isinstance(x, GetLocal):
-                        out[x.local] = position
+        for local in locals_written(stmt) | locals_read(stmt):
+            out[local] = position
     return out
 
 

@@ -1,7 +1,10 @@
 """CPU scheduling decisions for the C-family emitters (C, and the loops inside a Metal thread):
-which contraction nests become register tiles, with which tile and block sizes, and which loops
-run in parallel. It reads the loop IR and the reduction records of schedule.py and returns plain
-data (:class:`ContractionPlan`); ``ocannl/backends/codegen.py`` prints what it decides.
+which contraction nests become register tiles, with which tile and block sizes and vector
+lanes, which run as packed GEMMs, which loops run in parallel and where selects print without
+branches. It reads the loop IR and the reduction records of schedule.py and returns plain data:
+one :class:`NestPlan` per loop nest (:func:`plan_nest`), holding a :class:`ContractionPlan`, its
+:class:`TileNest` records and its :class:`GemmPlan`; ``ocannl/backends/codegen.py`` prints what
+it decides, and decides nothing itself.
 
 **Register tiles** (:func:`plan_contraction`): a nest of parallel loops around reduction loops
 accumulating into one cell per parallel iteration (matmul ``c[i,j] += a[i,k]*b[k,j]``) is worked
@@ -159,7 +162,7 @@ class GemmPlan:
     the result between flat rows and between flat columns, when both are linear (else every tile
     goes through a buffer). ``mr x nr`` cells per micro-kernel, ``lanes``
     floats per vector (1: scalar), ``mc x kc x nc`` cache blocks. ``parallel``: worth threads
-    (:data:`GEMM_PARALLEL_MIN_WORK`)."""
+    (:data:`GEMM_PARALLEL_MIN_WORK`); in a :class:`NestPlan`, runs on them."""
 
     outer: Loops
     rows: Loops

@@ -60,7 +60,7 @@ from typing import Any, Collection, Iterable, Iterator
 import numpy as np
 
 from ocannl.lowlevel import dtypes
-from ocannl.lowlevel.analysis import normalize_index
+from ocannl.lowlevel.analysis import all_exprs, locals_read, locals_written, nodes_read, nodes_written, normalize_index
 from ocannl.lowlevel.dtypes import DType
 from ocannl.lowlevel.gather import gather_scatters
 from ocannl.lowlevel.indexing import Affine, AnySymbol, AxisIndex, Fixed, IndexSymbol, Iter, Symbol
@@ -311,42 +311,6 @@ def _with_body(routine: RoutineIR, body: Stmt) -> RoutineIR:
     return routine if body is routine.body else replace(routine, body=body)
 
 
-def _loads(stmt: Stmt) -> set[TNode]:
-    """The nodes ``stmt`` reads, inside local scopes too."""
-    return {
-        e.tnode
-        for s in iter_stmts(stmt)
-        for x in stmt_exprs(s)
-        for e in iter_exprs(x)
-        if isinstance(e, (Load, LoadDynamic))
-    }
-
-
-def _stores(stmt: Stmt) -> set[TNode]:
-    """The nodes ``stmt`` writes."""
-    return {s.tnode for s in iter_stmts(stmt) if isinstance(s, (Store, StoreDynamic, Fill))}
-
-
-def _locals_set(stmt: Stmt) -> set[Local]:
-    """The locals ``stmt`` declares or assigns (scope locals included)."""
-    out = {s.local for s in iter_stmts(stmt) if isinstance(s, (SetLocal, DeclareLocal))}
-    for s in iter_stmts(stmt):
-        for x in stmt_exprs(s):
-            out.update(e.local for e in iter_exprs(x) if isinstance(e, LocalScope))
-    return out
-
-
-def _expr_loads(e: Expr) -> set[TNode]:
-    return _loads(SetLocal(Local(e.dtype), e))
-
-
-def _expr_free_locals(e: Expr) -> set[Local]:
-    """The locals ``e`` reads that it does not bind itself (in a local scope or declaration)."""
-    probe = SetLocal(Local(e.dtype), e)
-    read = {x.local for s in iter_stmts(probe) for y in stmt_exprs(s) for x in iter_exprs(y) if isinstance(x, GetLocal)}
-    return read - _locals_set(probe)
-
-
 # =============================================================================================
 # 2. Virtualization and inlining
 
@@ -497,11 +461,13 @@ class _Virtualization:
         return self._nesting[position]
 
     def read_at(self, position: int) -> set[TNode]:
-        """The nodes the statement at ``position`` reads (as :func:`_loads`, from its trace)."""
+        """The nodes the statement at ``position`` reads (its
+        :func:`~ocannl.lowlevel.analysis.nodes_read`, from its trace)."""
         return {n for n, events in self._events[position].items() if not all(w for w, _ in events)}
 
     def written_at(self, position: int) -> set[TNode]:
-        """The nodes the statement at ``position`` writes (as :func:`_stores`, from its trace)."""
+        """The nodes the statement at ``position`` writes (its
+        :func:`~ocannl.lowlevel.analysis.nodes_written`, from its trace)."""
         return {n for n, events in self._events[position].items() if any(w for w, _ in events)}
 
     def inline(self, plan: _Plan) -> None:
@@ -599,8 +565,7 @@ def _cheap(node: TNode, producers: list[Stmt]) -> bool:
                 value = s.value
                 if _one_load_chain(value):
                     continue
-                probe = SetLocal(Local(value.dtype), value)
-                if any(isinstance(e, (Load, LoadDynamic, LocalScope)) for x in stmt_exprs(probe) for e in iter_exprs(x)):
+                if any(isinstance(e, (Load, LoadDynamic, LocalScope)) for e in iter_exprs(value)):
                     return False
     return True
 
@@ -770,14 +735,8 @@ class _Simplifier(Rewriter):
 
 
 def _local_uses(e: Expr, local: Local) -> int:
-    probe = SetLocal(Local(e.dtype), e)
-    return sum(
-        1
-        for s in iter_stmts(probe)
-        for x in stmt_exprs(s)
-        for y in iter_exprs(x)
-        if isinstance(y, GetLocal) and y.local is local
-    )
+    """How many times ``e`` reads ``local`` (local scope bodies included)."""
+    return sum(1 for y in all_exprs(e) if isinstance(y, GetLocal) and y.local is local)
 
 
 def _unconditional_local(e: Expr, local: Local) -> bool:
@@ -947,10 +906,10 @@ class _CSE(Rewriter):
 
     @staticmethod
     def hoistable(stmts: list[Stmt], users: list[int], sub: Expr) -> bool:
-        reads, locals_read = _expr_loads(sub), _expr_free_locals(sub)
+        reads, free = nodes_read(sub), locals_read(sub) - locals_written(sub)
         for q in range(users[0], users[-1]):
             s = stmts[q]
-            if _stores(s) & reads or _locals_set(s) & locals_read:
+            if nodes_written(s) & reads or locals_written(s) & free:
                 return False
         return True
 

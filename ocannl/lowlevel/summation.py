@@ -41,7 +41,7 @@ from ocannl.lowlevel.analysis import locals_read, loop_chain, nodes_read, scaled
 from ocannl.lowlevel.indexing import AnySymbol, AxisIndex, Fixed, Iter, Symbol
 from ocannl.lowlevel.ir import (
     Binary, Cast, Expr, For, GetLocal, Load, LoadDynamic, Local, LocalScope, LoopKind, RoutineIR, Seq,
-    SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary, iter_exprs, iter_stmts, seq, stmt_exprs,
+    SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary, iter_exprs, seq,
 )
 from ocannl.lowlevel.rewrite import FreshCopy
 from ocannl.lowlevel.scalar_ops import Binop

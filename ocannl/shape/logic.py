@@ -11,12 +11,13 @@ Each logic does two things, at two times:
 from __future__ import annotations
 
 import abc
+import math
 from dataclasses import dataclass, field
 
 from ocannl.errors import ShapeError
 from ocannl.lowlevel.indexing import IndexSymbol
 from ocannl.shape import einsum as es
-from ocannl.shape.projections import At, Conv, Loop, Static, Term, padding_left
+from ocannl.shape.projections import At, Conv, Loop, Static, Strided, Term, padding_left
 from ocannl.shape.shape import KINDS, Dim, DimVar, Row, RowVar, Shape
 from ocannl.shape.solver import (AtLeast, BroadcastRank, ConcatDim, Constraint, ConvDim, DimEq, Origin, RowEq,
                                  RowIneq, Solver, Where, shape_error)
@@ -371,3 +372,70 @@ class Interleave(ShapeLogic):
 
     def layout(self, result, operands, solver):
         raise ShapeError("oc.interleave is computed per operand (part_layout)")
+
+
+@dataclass
+class Positional(ShapeLogic):
+    """An operation built from its operand's concrete dims, position by position (a static
+    index, a reshape: docs/shapes.md, "Indexing, reshaping, reductions by position"): the
+    result's rows and the operand's are known when the op is built, and stated as such."""
+
+    result_rows: tuple[tuple[int, ...], ...]
+    """The result's dims, one tuple per kind of ``KINDS``."""
+    operand_rows: tuple[tuple[int, ...], ...]
+
+    def constraints(self, result, operands, origin):
+        (s,) = operands
+        return [RowEq(shape.row(k), Row.closed(rows[i]), origin, Where(k, None, (side, "its dims when indexed")))
+                for shape, rows, side in ((result, self.result_rows, "result"), (s, self.operand_rows, "operand"))
+                for i, k in enumerate(KINDS)]
+
+
+@dataclass
+class StaticIndex(Positional):
+    """``t[0]``, ``t[1:3]``, ``t[..., ::2]``: each operand axis, in memory order, is either read
+    at one position (an ``int`` in ``picks``, the axis dropped) or by a loop of ``count`` steps
+    ``start + step*k`` (a ``(start, step, count)`` triple, one result axis)."""
+
+    picks: tuple[int | tuple[int, int, int], ...] = ()
+
+    def layout(self, result, operands, solver):
+        res: list[Term] = []
+        src: list[Term] = []
+        for p, pick in enumerate(self.picks):
+            if isinstance(pick, int):
+                src.append(At(pick))
+                continue
+            start, step, count = pick
+            loop = Loop(("axis", p), count)
+            res.append(loop)
+            src.append(loop if (start, step) == (0, 1) else Strided(((step, loop),), start))
+        return [res, src]
+
+
+@dataclass
+class Regroup(Positional):
+    """A reshape: the result and the operand are the same cells in row-major order. The loops run
+    over ``cells``, a common refinement of both dims (every axis of either side is the product of
+    a run of consecutive cells), and each axis is indexed by its run, ``sum(stride * cell)``."""
+
+    cells: tuple[int, ...] = ()
+
+    def layout(self, result, operands, solver):
+        def terms(dims: tuple[int, ...]) -> list[Term]:
+            out: list[Term] = []
+            c = 0
+            for d in dims:
+                run: list[int] = []
+                covered = 1
+                while covered < d:
+                    covered *= self.cells[c]
+                    run.append(c)
+                    c += 1
+                strides = [math.prod(self.cells[r + 1:run[-1] + 1]) for r in run]
+                loops = tuple((st, Loop(("cell", r), self.cells[r])) for st, r in zip(strides, run))
+                out.append(At(0) if d == 1 else loops[0][1] if len(loops) == 1 else Strided(loops))
+            return out
+
+        return [terms(tuple(d for row in self.result_rows for d in row)),
+                terms(tuple(d for row in self.operand_rows for d in row))]

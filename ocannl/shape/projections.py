@@ -9,7 +9,8 @@ lists of *axis terms*, one per axis in memory order (batch, output, input):
   broadcasts);
 * :class:`Static`: the value of an index symbol bound at run time (batch slicing);
 * :class:`Conv`: ``stride*over + dilation*kernel + offset - left_pad`` (convolution and strided
-  axes).
+  axes);
+* :class:`Strided`: ``offset + sum(stride * loop)`` (static slices and reshapes).
 
 :func:`derive_projections` turns such a layout into :class:`~ocannl.lowlevel.indexing.Projections`:
 one product-space loop per distinct key whose size is not 1, in order of first occurrence
@@ -57,7 +58,17 @@ class Conv:
     left_pad: int
 
 
-Term = Union[Loop, At, Static, Conv]
+@dataclass(frozen=True)
+class Strided:
+    """``offset + sum(stride * loop)``: one axis indexed by several loops at once, as a reshape
+    reads a run of axes as one (``logic.Regroup``), or by one loop with a step and a start, as a
+    slice ``t[1::2]`` reads its axis (``logic.StaticIndex``)."""
+
+    loops: tuple[tuple[int, Loop], ...]
+    offset: int = 0
+
+
+Term = Union[Loop, At, Static, Conv, Strided]
 
 
 def padding_left(kernel_size: int, dilation: int) -> int:
@@ -99,18 +110,18 @@ def derive_projections(slots: list[list[Term]], dims: list[tuple[int, ...]], deb
         if isinstance(term, Loop):
             sym = loop_index(term)
             return Fixed(0) if sym is None else Iter(sym)
+        if isinstance(term, Strided):
+            loops, offset = term.loops, term.offset
+        else:
+            loops = ((term.stride, term.over),) + (((term.dilation, term.kernel),) if term.kernel is not None else ())
+            offset = term.offset - term.left_pad
         parts: list[tuple[int, Symbol]] = []
         extents: dict[Symbol, int] = {}
-        over = loop_index(term.over)
-        if over is not None:
-            parts.append((term.stride, over))
-            extents[over] = term.over.size
-        if term.kernel is not None:
-            k = loop_index(term.kernel)
-            if k is not None:
-                parts.append((term.dilation, k))
-                extents[k] = term.kernel.size
-        offset = term.offset - term.left_pad
+        for coefficient, loop in loops:
+            sym = loop_index(loop)
+            if sym is not None:
+                parts.append((coefficient, sym))
+                extents[sym] = loop.size
         # A plain loop index or a constant only where it provably stays inside the axis: an
         # index that may leave it (a padded window over a size-1 axis) stays affine, so that
         # lowering reads the neutral element there.

@@ -21,18 +21,7 @@ from ocannl.errors import OcannlError
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.indexing import Iter, Symbol
 from ocannl.lowlevel.ir import (
-    Binary,
-    Const,
-    DeclareLocal,
-    GetLocal,
-    Load,
-    Local,
-    RoutineIR,
-    SetLocal,
-    Store,
-    Unary,
-    loop,
-    seq,
+    Binary, Const, DeclareLocal, GetLocal, Load, Local, RoutineIR, SetLocal, Store, Unary, loop, seq,
 )
 from ocannl.lowlevel.scalar_ops import Binop, Unop
 from ocannl.lowlevel.tnode import TNode

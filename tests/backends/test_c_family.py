@@ -3,7 +3,9 @@
 Both languages print their helper functions from one generator, recorded as the walk prints the
 calls: a source defines exactly the helpers it calls, each once per type, before its first call;
 every helper, for every type a language has, builds without a warning in C and in MSL (through
-the shim); a type the language lacks is refused where it is printed.
+the shim); a type the language lacks is refused where it is printed. Run on each backend of the
+family, every operator, cast, storage format and PRNG operator, the runtime checks and the
+conformance catalog compute the interpreter's bits (libm functions: within a few ulps).
 """
 
 from __future__ import annotations
@@ -12,21 +14,31 @@ import collections
 import re
 import subprocess
 
+import numpy as np
 import pytest
 
+from backend_params import backend_param
+from handbuilt import pointwise_loop
+from helpers import (
+    APPROXIMATE_OPS, LIBM_PROGRAMS, assert_close_ulps, assert_same_bits, catalog_for, float16_bfloat16_routine,
+    float16_bfloat16_values, run_both, run_on,
+)
+from ocannl import testing
+from ocannl.backends.registry import get_backend
 from ocannl.backends.c import CBackend, compiler
 from ocannl.backends.c.emit import emit_c
 from ocannl.backends.c.syntax import CSyntax
 from ocannl.backends.c_family import _HELPERS, CFamilySyntax
 from ocannl.backends.metal import MetalBackend, emit_metal, harness
 from ocannl.backends.metal.syntax import MetalSyntax
-from ocannl.lowlevel import dtypes
+from ocannl.errors import OutOfBoundsError
+from ocannl.lowlevel import dtypes, prng_reference
 from ocannl.lowlevel.dtypes import DType, DTypeError
-from ocannl.lowlevel.indexing import Fixed, Iter, Symbol
+from ocannl.lowlevel.indexing import Fixed, IndexSymbol, Iter, Symbol
 from ocannl.lowlevel.ir import (
-    Binary, Cast, Const, EmbedIndex, Load, LoadDynamic, RoutineIR, Store, Ternary, Unary, loop, seq,
+    Binary, Cast, Const, EmbedIndex, Load, LoadDynamic, RoutineIR, Store, StoreDynamic, Ternary, Unary, loop, seq,
 )
-from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
+from ocannl.lowlevel.scalar_ops import PRNG_OPS, Binop, Ternop, Unop
 from ocannl.lowlevel.tnode import TNode
 
 COMPUTE_TYPES = {
@@ -200,3 +212,201 @@ def test_metal_refuses_float64_where_it_is_printed():
     with pytest.raises(DTypeError, match="float64"):
         syntax.literal(0.5, dtypes.float64)
     assert syntax.builtins() == []
+
+
+@pytest.mark.parametrize("syntax", [CSyntax, MetalSyntax], ids=["c", "metal"])
+def test_branchless_selects_are_asked_for_by_argument_not_by_a_mode_of_the_table(syntax):
+    """Where no chain runs (``cpu_schedule.NestPlan.branchless``) the walk asks for a select
+    without a branch by argument; the table itself holds no mode that one nest could leave set
+    for the next."""
+    table = syntax()
+    f32 = dtypes.float32
+    assert "ocannl_max_blend" in table.binary(Binop.MAX, f32, "a", "b", branchless=True)
+    assert "blend" not in table.binary(Binop.MAX, f32, "a", "b")
+    assert "ocannl_relu_blend" in table.unary(Unop.RELU, f32, "x", branchless=True)
+    assert "blend" not in table.binary(Binop.MAX, dtypes.int32, "a", "b", branchless=True), "floats only"
+    assert not hasattr(table, "vector_tile")
+
+
+# ---------------------------------------------------------------------------------------------
+# Run on each backend of the family, every operator, cast, storage format and PRNG operator
+# computes the interpreter's bits (libm functions: within a few ulps)
+
+
+def compute_type_cases() -> list:
+    """``(backend, dtype)`` for every compute type of every C-family backend, as pytest
+    parameters skipped where the backend cannot run."""
+    return [pytest.param(name, dtype, marks=param.marks, id=f"{name}-{dtype}")
+            for name in COMPUTE_TYPES for param in [backend_param(name)] for dtype in COMPUTE_TYPES[name]]
+
+
+BACKENDS = [backend_param(name) for name in COMPUTE_TYPES]
+
+SPECIAL_F = [0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 2.5, -3.75, 1e-40, -1e-44, 3e38, -3e38, np.inf, -np.inf,
+             np.nan, 0.1, 7.0, 1e-7, 0.999, 1.0000001, 100.0, -100.0, 0.25, 33.5]
+INT_RANGES = {dtypes.int32: (-(2**31), 2**31 - 1), dtypes.int64: (-(2**63), 2**63 - 1), dtypes.uint32: (0, 2**32 - 1)}
+
+
+def operand_values(dtype: DType, n: int = 64) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """x, y, z and a divisor array d (no zeros) with the type's special values and random ones."""
+    rng = np.random.default_rng(3)
+    if dtype.is_float:
+        special = np.array(SPECIAL_F, dtype=dtype.storage)
+        rand = (rng.standard_normal(n) * 10).astype(dtype.storage)
+    else:
+        lo, hi = INT_RANGES[dtype]
+        special = np.array([lo, hi, 0, 1, -1 if lo < 0 else 2, lo + 1, hi - 1, 7, 100, 3], dtype=dtype.storage)
+        rand = rng.integers(lo, hi, n, dtype=dtype.storage, endpoint=True)
+    x = np.concatenate([special, rand])[:n]
+    y, z = np.roll(x, 5), np.roll(x, 11)
+    d = np.where(y == 0, 3, y).astype(dtype.storage)
+    if not dtype.is_float:
+        d[:4] = np.array([-1, 1, 2, -3] if INT_RANGES[dtype][0] < 0 else [1, 2, 3, 7], dtype=dtype.storage)
+    return x, y, z, d
+
+
+def op_routine(dtype: DType, n: int = 64):
+    """One store per operator into its own node: (routine, inputs, {op: output node})."""
+    x, y, z, d = (TNode(name, (n,), dtype) for name in ("x", "y", "z", "d"))
+    outputs, stmts = {}, []
+    unops = [op for op in Unop if op not in PRNG_OPS]
+    binops = [op for op in Binop if op not in PRNG_OPS]
+    for op in unops + binops + list(Ternop):
+        if op.float_only and not dtype.is_float:
+            continue
+        out = TNode(f"out_{op.value}", (n,), dtype)
+
+        def value(i, op=op):
+            a, b, c = Load(x, (i,)), Load(y, (i,)), Load(z, (i,))
+            if isinstance(op, Unop):
+                return Unary(op, a)
+            if isinstance(op, Binop):
+                return Binary(op, a, Load(d, (i,)) if op in (Binop.DIV, Binop.MOD) else b)
+            return Ternary(op, a, b, c)
+
+        outputs[op] = out
+        stmts.append(pointwise_loop(out, value))
+    values = operand_values(dtype, n)
+    return RoutineIR(f"ops_{dtype.name}", seq(*stmts)), dict(zip((x, y, z, d), values)), outputs
+
+
+@pytest.mark.parametrize("backend,dtype", compute_type_cases())
+def test_every_operator_matches_the_interpreter(backend, dtype):
+    routine, inputs, outputs = op_routine(dtype)
+    expected, got = run_both(backend, routine, inputs)
+    for op, node in outputs.items():
+        if op in APPROXIMATE_OPS:
+            assert_close_ulps(expected[node], got[node], f"{op.value} {dtype}")
+        else:
+            assert_same_bits(expected[node], got[node], f"{op.value} {dtype}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_casts_between_every_compute_type(backend):
+    types = COMPUTE_TYPES[backend]
+    n = 12
+    float_values = [-3.7, -0.5, 0.0, -0.0, 2.9, 1e9, -2e9, 3e9, 16777217.0, 0.1, 65504.5, -7.25]
+    int_values = [-(2**31), 2**31 - 1, -1, 0, 1, 2**24 + 1, 123456789, -98765, 7, 2**30, -5, 255]
+    sources = {t: TNode(f"src_{t.name}", (n,), t) for t in types}
+    inputs = {}
+    for t, node in sources.items():
+        vals = float_values if t.is_float else int_values
+        inputs[node] = np.array(vals, dtype=np.float64 if t.is_float else np.int64).astype(t.storage)
+    inputs[sources[dtypes.int64]] = np.array(int_values[:-2] + [2**53 + 1, -(2**62) - 3], dtype=np.int64)
+    stmts, outputs = [], []
+    for s in types:
+        for t in types:
+            if s is t:
+                continue
+            out = TNode(f"{s.name}_to_{t.name}", (n,), t)
+            outputs.append(out)
+            stmts.append(pointwise_loop(out, lambda i, s=s, t=t: Cast(Load(sources[s], (i,)), t)))
+    expected, got = run_both(backend, RoutineIR("casts", seq(*stmts)), inputs)
+    for out in outputs:
+        assert_same_bits(expected[out], got[out], out.name)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_float16_and_bfloat16_round_like_the_interpreter(backend):
+    n = 4096
+    routine, x, outs = float16_bfloat16_routine(n)
+    expected, got = run_both(backend, routine, {x: float16_bfloat16_values(n)})
+    for node in outs:
+        assert_same_bits(expected[node], got[node], node.name)
+    every_half = TNode("every_half", (1 << 16,), dtypes.float16)
+    widened = TNode("widened", (1 << 16,), dtypes.float32)
+    halves = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    widen = RoutineIR("widen", pointwise_loop(widened, lambda i: Load(every_half, (i,))))
+    got = run_on(backend, widen, {every_half: halves})
+    assert_same_bits(halves.astype(np.float32), got[widened], "every half to float")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_prng_operators_match_the_reference(backend):
+    n = 40
+    key = TNode("key", (1,), dtypes.uint4x32)
+    signed = TNode("signed", (n,), dtypes.int32)
+    bits, of = TNode("bits", (n,), dtypes.uint4x32), TNode("of", (n,), dtypes.uint4x32)
+    uniform = [TNode(t.name, (n,), t) for t in COMPUTE_TYPES[backend] if t.is_float]
+
+    def block(i):
+        return Binary(Binop.THREEFRY4X32, Load(key, (Fixed(0),)), Unary(Unop.UINT4X32_OF, EmbedIndex(i)))
+
+    body = seq(
+        pointwise_loop(bits, block),
+        *(pointwise_loop(u, lambda i, t=u.dtype: Unary(Unop.UNIFORM1, block(i), t)) for u in uniform),
+        pointwise_loop(of, lambda i: Unary(Unop.UINT4X32_OF, Load(signed, (i,)))),
+    )
+    k = np.array([[7, 0xDEADBEEF, 3, 0]], np.uint32)
+    inputs = {key: k, signed: np.arange(-20, 20, dtype=np.int32) * 1000003}
+    expected, got = run_both(backend, RoutineIR("prng", body), inputs)
+    for node in (bits, *uniform, of):
+        assert_same_bits(expected[node], got[node], node.name)
+    counters = np.zeros((n, 4), np.uint32)
+    counters[:, 0] = np.arange(n)
+    assert np.array_equal(got[bits], prng_reference.threefry4x32(k[0], counters))
+    assert got[of][0].tolist() == [(-20 * 1000003) & 0xFFFFFFFF, 0xFFFFFFFF, 0, 0]
+
+
+@pytest.mark.parametrize("backend", [backend_param("interp"), *BACKENDS])
+def test_runtime_checks_raise_like_the_interpreter(backend):
+    n = 4
+    ids = TNode("ids", (n,), dtypes.int32)
+    table = TNode("table", (3,), dtypes.float32)
+    out = TNode("out", (n,), dtypes.float32)
+    gather = RoutineIR("gather", pointwise_loop(out, lambda i: LoadDynamic(table, 0, Load(ids, (i,)), ())))
+    j = Symbol()
+    scatter = RoutineIR("scatter", loop(j, n, StoreDynamic(table, 0, Load(ids, (Iter(j),)), (), Load(out, (Iter(j),)))))
+    impl = get_backend(backend)
+    bufs = {ids: np.array([0, 2, 3, 1], np.int32), table: np.zeros(3, np.float32), out: np.zeros(n, np.float32)}
+    with pytest.raises(OutOfBoundsError, match="table"):
+        impl.compile(gather).run(bufs, {})
+    with pytest.raises(OutOfBoundsError, match="table"):
+        impl.compile(scatter).run(bufs, {})
+    a, b, q = (TNode(name, (n,), dtypes.int32) for name in ("a", "b", "q"))
+    div = RoutineIR("div", pointwise_loop(q, lambda i: Binary(Binop.DIV, Load(a, (i,)), Load(b, (i,)))))
+    with pytest.raises(ZeroDivisionError):
+        impl.compile(div).run({a: np.ones(n, np.int32), b: np.array([1, 2, 0, 3], np.int32), q: np.zeros(n, np.int32)}, {})
+    sym = IndexSymbol("row")  # no size: the access is checked when it runs
+    x = TNode("x", (3, n), dtypes.float32)
+    executable = impl.compile(RoutineIR("slice", pointwise_loop(out, lambda i: Load(x, (Iter(sym), i)))))
+    executable.run({x: np.ones((3, n), np.float32), out: np.zeros(n, np.float32)}, {sym: 2})
+    with pytest.raises(OutOfBoundsError, match="x"):
+        executable.run({x: np.ones((3, n), np.float32), out: np.zeros(n, np.float32)}, {sym: 3})
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_catalog_is_bit_identical_except_libm(backend):
+    """Every program of the catalog the backend can run (Metal has no float64) computes the
+    interpreter's values, bit for bit, except the results of libm functions, whose gradients
+    amplify their ulps."""
+    programs = catalog_for(backend)
+    assert {"take (gather) and scatter-add", "padded conv 2-D", "batch slice by index symbol"} <= {p.name for p in programs}
+    for program in programs:
+        expected, got = testing.run_program(program, "interp"), testing.run_program(program, backend)
+        assert expected.keys() == got.keys(), program.name
+        for name, value in expected.items():
+            if program.name in LIBM_PROGRAMS and value.dtype.kind == "f":
+                assert np.allclose(value, got[name], rtol=testing.FLOAT_RTOL, atol=testing.FLOAT_ATOL), name
+            else:
+                assert_same_bits(value, got[name], f"{program.name}: {name}")

@@ -645,7 +645,7 @@ def test_a_settings_file_cannot_choose_a_program_to_run(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("line, why", [
-    ("debug_dir=/home/you/.ssh", "debug_dir chooses where ocannl writes files"),
+    ("debug_dir=~/.ssh", "debug_dir chooses where ocannl writes files"),
     ("cache_dir=./.kcache", "cache_dir chooses where the compiled code ocannl loads and runs is kept"),
 ])
 def test_a_settings_file_cannot_choose_where_files_go(tmp_path, monkeypatch, line, why):

@@ -9,39 +9,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from handbuilt import accum, matvec, padded_conv1d
+from handbuilt import accum, matvec, padded_conv1d, pointwise
 from ocannl.backends.context import Context
 from ocannl.errors import OutOfBoundsError
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.assignments import (
-    Block,
-    Computation,
-    Constant,
-    EmbedSymbol,
-    Fetch,
-    Gather,
-    RangeOverOffsets,
-    ScatterAdd,
-    Slice,
-    Values,
+    Block, Computation, Constant, EmbedSymbol, Fetch, Gather, RangeOverOffsets, ScatterAdd, Slice, Values,
 )
 from ocannl.lowlevel.indexing import Affine, Fixed, IndexSymbol, Iter, Symbol
 from ocannl.lowlevel.ir import (
-    Binary,
-    Const,
-    DeclareLocal,
-    Fill,
-    GetLocal,
-    Load,
-    LoadDynamic,
-    Local,
-    LocalScope,
-    RoutineIR,
-    SetLocal,
-    Store,
-    Ternary,
-    loop,
-    seq,
+    Binary, Const, DeclareLocal, Fill, GetLocal, Load, LoadDynamic, Local, LocalScope, RoutineIR, SetLocal, Store,
+    Ternary, loop, seq,
 )
 from ocannl.lowlevel.scalar_ops import PRNG_OPS, Binop, Ternop, Unop
 from ocannl.lowlevel.tnode import TNode
@@ -55,12 +33,6 @@ def run(*assignments, inputs=None, **bindings) -> Context:
         ctx.set(node, value)
     ctx.compile(Computation("test", Block(assignments))).run(**bindings)
     return ctx
-
-
-def pointwise(lhs, fn, *rhs, acc=None, init=False):
-    i = Symbol()
-    return accum(lhs, acc, fn, rhs, [(i, lhs.dims[0])], (Iter(i),),
-                 tuple((Iter(i),) if isinstance(r, TNode) else () for r in rhs), init=init)
 
 
 def test_matvec_is_bit_exact_float32():

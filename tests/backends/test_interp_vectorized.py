@@ -19,25 +19,8 @@ from ocannl.errors import OcannlError, OutOfBoundsError
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.indexing import Affine, Fixed, IndexSymbol, Iter, Symbol
 from ocannl.lowlevel.ir import (
-    Binary,
-    Cast,
-    Const,
-    DeclareLocal,
-    EmbedIndex,
-    Fill,
-    GetLocal,
-    Load,
-    LoadDynamic,
-    Local,
-    LocalScope,
-    RoutineIR,
-    SetLocal,
-    Store,
-    StoreDynamic,
-    Ternary,
-    Unary,
-    loop,
-    seq,
+    Binary, Cast, Const, DeclareLocal, EmbedIndex, Fill, GetLocal, Load, LoadDynamic, Local, LocalScope, RoutineIR,
+    SetLocal, Store, StoreDynamic, Ternary, Unary, loop, seq,
 )
 from ocannl.lowlevel.scalar_ops import PRNG_OPS, Binop, Ternop, Unop
 from ocannl.lowlevel.tnode import TNode

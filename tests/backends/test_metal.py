@@ -1,8 +1,8 @@
 """The Metal backend: MSL kernels run on the CPU through the C++ shim, against the interpreter.
 
-Default run: the conformance kit (0 mismatches; the catalog also bit for bit except libm
-results, the PRNG programs exactly), every operator and cast on hand-built routines,
-float16/bfloat16 rounding, the PRNG, runtime checks; threadgroup tree reductions against the
+Default run: the conformance kit (0 mismatches; the catalog bit for bit except libm results, every
+operator and cast on hand-built routines, float16/bfloat16 rounding, the PRNG and runtime checks
+are tests/backends/test_c_family.py's, on C and Metal alike); locals and margins; threadgroup tree reductions against the
 interpreter (and the catalog with trees wherever a reduction allows one); a kernel whose barrier
 is deleted is caught by ThreadSanitizer and computes a wrong result; every catalog source parses
 as C++20 with g++ and clang++ (when installed); the emitter's invariants (address spaces, no
@@ -27,42 +27,25 @@ import pytest
 
 import ocannl as oc
 from golden import check_golden
-from handbuilt import accum, matvec, padded_conv1d
+from handbuilt import accum, matmul, matvec, padded_conv1d, pointwise_loop, sum_and_max_over_middle
+from helpers import assert_same_bits, catalog_for, random_inputs, run_both, run_on, storage_shape
 from ocannl import session, testing, train
 from ocannl.backends import registry
 from ocannl.backends.interp import InterpBackend
 from ocannl.backends.metal import KernelLimitError, MetalBackend, Options, emit_metal, harness
 from ocannl.backends.metal.emit import MAX_ARGUMENT_BUFFER_ENTRIES, MAX_BUFFERS, Kernel, check_limits
 from ocannl.errors import BackendUnavailable, OutOfBoundsError
-from ocannl.lowlevel import dtypes, prng, prng_reference
+from ocannl.lowlevel import dtypes, prng
 from ocannl.lowlevel.assignments import Block
 from ocannl.lowlevel.dtypes import DType, DTypeError
 from ocannl.lowlevel.indexing import Affine, Fixed, IndexSymbol, Iter, Symbol
 from ocannl.lowlevel.ir import (
-    Binary,
-    Cast,
-    Const,
-    DeclareLocal,
-    EmbedIndex,
-    Fill,
-    For,
-    GetLocal,
-    Load,
-    LoadDynamic,
-    Local,
-    LocalScope,
-    RoutineIR,
-    SetLocal,
-    Store,
-    StoreDynamic,
-    Ternary,
-    Unary,
-    loop,
-    seq,
+    Binary, Cast, Const, DeclareLocal, Fill, GetLocal, Load, LoadDynamic, Local, LocalScope, RoutineIR, SetLocal, Store,
+    Ternary, Unary, loop, seq,
 )
 from ocannl.lowlevel.lower import lower_routine
 from ocannl.lowlevel.optimize import materialized_nodes, optimize
-from ocannl.lowlevel.scalar_ops import PRNG_OPS, Binop, Ternop, Unop
+from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
 from ocannl.lowlevel.tnode import TNode
 
 HAVE_METAL = MetalBackend().available()[0]
@@ -84,66 +67,9 @@ def _tsan_works() -> bool:
 HAVE_TSAN = _tsan_works()
 needs_tsan = pytest.mark.skipif(not HAVE_TSAN, reason="the C++ compiler cannot build ThreadSanitizer programs here")
 
-LIBM_UNARY = {Unop.EXP, Unop.LOG, Unop.EXP2, Unop.LOG2, Unop.SIN, Unop.COS, Unop.TANH, Unop.SIGMOID}
-LIBM_PROGRAMS = {"unary exp", "unary log", "unary exp2", "unary log2", "unary sin", "unary cos", "unary tanh",
-                 "unary sigmoid", "binary pow"}
-MAX_ULPS = 4
-
-
-def metal_catalog() -> list[testing.Program]:
-    """The conformance catalog without its float64 program (Metal has no double: that program's
-    error is checked by :func:`test_float64_is_a_clear_error_naming_the_tensor`)."""
-    return [p for p in testing.catalog() if "float64" not in p.name]
-
 
 # ---------------------------------------------------------------------------------------------
-# Running hand-built routines
-
-
-def storage_shape(node: TNode) -> tuple[int, ...]:
-    return node.dims + ((4,) if node.dtype is dtypes.uint4x32 else ())
-
-
-def run_on(backend, routine: RoutineIR, inputs: dict, bindings: dict | None = None) -> dict[TNode, np.ndarray]:
-    buffers = {}
-    for node in routine.reads + routine.writes:
-        if node in inputs:
-            buffers[node] = np.ascontiguousarray(np.array(inputs[node], dtype=node.dtype.storage).reshape(storage_shape(node)))
-        else:
-            buffers[node] = np.zeros(storage_shape(node), dtype=node.dtype.storage)
-    backend.compile(routine).run(buffers, bindings or {})
-    return {node: buffers[node] for node in routine.writes}
-
-
-def run_both(routine: RoutineIR, inputs: dict, bindings: dict | None = None):
-    return run_on(InterpBackend(), routine, inputs, bindings), run_on(MetalBackend(), routine, inputs, bindings)
-
-
-def assert_same_bits(expected: np.ndarray, got: np.ndarray, what: str = "") -> None:
-    """Equal bit patterns; floats' NaNs only need to be NaNs on both sides."""
-    assert expected.shape == got.shape and expected.dtype == got.dtype, what
-    if expected.dtype.kind == "f":
-        nan = np.isnan(expected)
-        assert np.array_equal(nan, np.isnan(got)), f"{what}: NaNs differ"
-        bad = (expected.view(f"u{expected.dtype.itemsize}") != got.view(f"u{expected.dtype.itemsize}")) & ~nan
-    else:
-        bad = expected != got
-    if bad.any():
-        i = tuple(int(k) for k in np.argwhere(bad)[0])
-        raise AssertionError(f"{what}: interp {expected[i]!r} but metal {got[i]!r} at {i}")
-
-
-def assert_close_ulps(expected: np.ndarray, got: np.ndarray, what: str = "") -> None:
-    nan = np.isnan(expected)
-    assert np.array_equal(nan, np.isnan(got)), f"{what}: NaNs differ"
-    e, g = expected[~nan], got[~nan]
-    ulps = np.abs(e.view(np.int32).astype(np.int64) - g.view(np.int32).astype(np.int64))
-    assert ((e == g) | ((np.sign(e) == np.sign(g)) & (ulps <= MAX_ULPS))).all(), f"{what}: more than {MAX_ULPS} ulps apart"
-
-
-def pointwise(out: TNode, value) -> For:
-    i = Symbol()
-    return loop(i, out.dims[0], Store(out, (Iter(i),), value(Iter(i))))
+# Hand-built reductions
 
 
 def reduction(name: str, out_dtype: DType = dtypes.float32, rows: int = 4, cols: int = 1000, op: Binop = Binop.ADD,
@@ -165,24 +91,10 @@ def cooperative_kernels(routine: RoutineIR, options: Options = Options()) -> lis
 
 @needs_metal
 def test_conformance_kit_passes_with_no_mismatch():
-    report = testing.conformance("metal", programs=metal_catalog(), random_programs=20)
+    report = testing.conformance("metal", programs=catalog_for("metal"), random_programs=20)
     print(report.summary())
     assert report.ok, report.summary()
-    assert not report.mismatches and len(report.passed) == len(metal_catalog()) + 20
-
-
-@needs_metal
-def test_catalog_is_bit_identical_except_libm():
-    """Without threadgroup reductions (the catalog's reductions are short), every value is the
-    interpreter's, bit for bit, except the results of libm functions."""
-    for program in metal_catalog():
-        expected, got = testing.run_program(program, "interp"), testing.run_program(program, "metal")
-        assert expected.keys() == got.keys(), program.name
-        for name, value in expected.items():
-            if program.name in LIBM_PROGRAMS and value.dtype.kind == "f":
-                assert np.allclose(value, got[name], rtol=testing.FLOAT_RTOL, atol=testing.FLOAT_ATOL), name
-            else:
-                assert_same_bits(value, got[name], f"{program.name}: {name}")
+    assert not report.mismatches and len(report.passed) == len(catalog_for("metal")) + 20
 
 
 @needs_metal
@@ -192,146 +104,9 @@ def test_float64_is_a_clear_error_naming_the_tensor():
         testing.run_program(program, "metal")
     x = TNode("x", (3,), dtypes.float32)
     y = TNode("y", (3,), dtypes.float32)
-    through_double = pointwise(y, lambda i: Cast(Cast(Load(x, (i,)), dtypes.float64), dtypes.float32))
+    through_double = pointwise_loop(y, lambda i: Cast(Cast(Load(x, (i,)), dtypes.float64), dtypes.float32))
     with pytest.raises(DTypeError, match="computes a float64 value while computing tensor y"):
         emit_metal(RoutineIR("through_double", through_double))
-
-
-# ---------------------------------------------------------------------------------------------
-# Every operator, every compute type Metal has
-
-
-SPECIAL_F = [0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 2.5, -3.75, 1e-40, -1e-44, 3e38, -3e38, np.inf, -np.inf,
-             np.nan, 0.1, 7.0, 1e-7, 0.999, 1.0000001, 100.0, -100.0, 0.25, 33.5]
-INT_RANGES = {dtypes.int32: (-(2**31), 2**31 - 1), dtypes.int64: (-(2**63), 2**63 - 1), dtypes.uint32: (0, 2**32 - 1)}
-
-
-def operand_values(dtype: DType, n: int = 64):
-    rng = np.random.default_rng(3)
-    if dtype.is_float:
-        special = np.array(SPECIAL_F, dtype=dtype.storage)
-        rand = (rng.standard_normal(n) * 10).astype(dtype.storage)
-    else:
-        lo, hi = INT_RANGES[dtype]
-        special = np.array([lo, hi, 0, 1, -1 if lo < 0 else 2, lo + 1, hi - 1, 7, 100, 3], dtype=dtype.storage)
-        rand = rng.integers(lo, hi, n, dtype=dtype.storage, endpoint=True)
-    x = np.concatenate([special, rand])[:n]
-    y, z = np.roll(x, 5), np.roll(x, 11)
-    d = np.where(y == 0, 3, y).astype(dtype.storage)
-    if not dtype.is_float:
-        d[:4] = np.array([-1, 1, 2, -3] if INT_RANGES[dtype][0] < 0 else [1, 2, 3, 7], dtype=dtype.storage)
-    return x, y, z, d
-
-
-def op_routine(dtype: DType, n: int = 64):
-    x, y, z, d = (TNode(name, (n,), dtype) for name in ("x", "y", "z", "d"))
-    outputs, stmts = {}, []
-    unops = [op for op in Unop if op not in PRNG_OPS]
-    binops = [op for op in Binop if op not in PRNG_OPS]
-    for op in unops + binops + list(Ternop):
-        if op.float_only and not dtype.is_float:
-            continue
-        out = TNode(f"out_{op.value}", (n,), dtype)
-
-        def value(i, op=op):
-            a, b, c = Load(x, (i,)), Load(y, (i,)), Load(z, (i,))
-            if isinstance(op, Unop):
-                return Unary(op, a)
-            if isinstance(op, Binop):
-                return Binary(op, a, Load(d, (i,)) if op in (Binop.DIV, Binop.MOD) else b)
-            return Ternary(op, a, b, c)
-
-        outputs[op] = out
-        stmts.append(pointwise(out, value))
-    return RoutineIR(f"ops_{dtype.name}", seq(*stmts)), dict(zip((x, y, z, d), operand_values(dtype, n))), outputs
-
-
-@needs_metal
-@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.int32, dtypes.int64, dtypes.uint32], ids=str)
-def test_every_operator_matches_the_interpreter(dtype):
-    routine, inputs, outputs = op_routine(dtype)
-    expected, got = run_both(routine, inputs)
-    for op, node in outputs.items():
-        if op in LIBM_UNARY or op is Binop.POW:
-            assert_close_ulps(expected[node], got[node], f"{op.value} {dtype}")
-        else:
-            assert_same_bits(expected[node], got[node], f"{op.value} {dtype}")
-
-
-@needs_metal
-def test_casts_between_every_compute_type():
-    types = [dtypes.float32, dtypes.int32, dtypes.int64, dtypes.uint32]
-    n = 12
-    float_values = [-3.7, -0.5, 0.0, -0.0, 2.9, 1e9, -2e9, 3e9, 16777217.0, 0.1, 65504.5, -7.25]
-    int_values = [-(2**31), 2**31 - 1, -1, 0, 1, 2**24 + 1, 123456789, -98765, 7, 2**30, -5, 255]
-    sources = {t: TNode(f"src_{t.name}", (n,), t) for t in types}
-    inputs = {node: np.array(float_values if t.is_float else int_values, dtype=np.float64 if t.is_float else np.int64).astype(t.storage)
-              for t, node in sources.items()}
-    inputs[sources[dtypes.int64]] = np.array(int_values[:-2] + [2**53 + 1, -(2**62) - 3], dtype=np.int64)
-    stmts, outputs = [], []
-    for s in types:
-        for t in types:
-            if s is not t:
-                out = TNode(f"{s.name}_to_{t.name}", (n,), t)
-                outputs.append(out)
-                stmts.append(pointwise(out, lambda i, s=s, t=t: Cast(Load(sources[s], (i,)), t)))
-    expected, got = run_both(RoutineIR("casts", seq(*stmts)), inputs)
-    for out in outputs:
-        assert_same_bits(expected[out], got[out], out.name)
-
-
-@needs_metal
-def test_float16_and_bfloat16_round_like_the_interpreter():
-    n = 4096
-    x = TNode("x", (n,), dtypes.float32)
-    h, b = TNode("h", (n,), dtypes.float16), TNode("b", (n,), dtypes.bfloat16)
-    back, prod = TNode("back", (n,), dtypes.float32), TNode("prod", (n,), dtypes.float16)
-    body = seq(
-        pointwise(h, lambda i: Load(x, (i,))),
-        pointwise(b, lambda i: Load(x, (i,))),
-        pointwise(back, lambda i: Binary(Binop.ADD, Load(h, (i,)), Load(b, (i,)))),
-        pointwise(prod, lambda i: Binary(Binop.MUL, Load(b, (i,)), Const(3.0))),
-    )
-    rng = np.random.default_rng(5)
-    special = np.array([1 + 2**-11, 1 + 3 * 2**-11, 1 + 2**-8, 1 + 3 * 2**-8, 2**-24, 2**-25, 3 * 2**-26, 65504,
-                        65519.99, 65520, -65520, 1e-8, np.inf, -np.inf, np.nan, 0.0, -0.0, 3.4e38, 6e-5, 1e-45],
-                       dtype=np.float32)
-    values = np.concatenate([special, rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32).view(np.float32),
-                             (rng.standard_normal(n) * 1e3).astype(np.float32)])[:n]
-    expected, got = run_both(RoutineIR("halves", body), {x: values})
-    for node in (h, b, back, prod):
-        assert_same_bits(expected[node], got[node], node.name)
-    every_half = TNode("every_half", (1 << 16,), dtypes.float16)
-    widened = TNode("widened", (1 << 16,), dtypes.float32)
-    halves = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
-    got = run_on(MetalBackend(), RoutineIR("widen", pointwise(widened, lambda i: Load(every_half, (i,)))), {every_half: halves})
-    assert_same_bits(halves.astype(np.float32), got[widened], "every half to float")
-
-
-@needs_metal
-def test_prng_operators_match_the_reference():
-    n = 40
-    key = TNode("key", (1,), dtypes.uint4x32)
-    signed = TNode("signed", (n,), dtypes.int32)
-    bits, f32, of = (TNode(name, (n,), dt) for name, dt in
-                     (("bits", dtypes.uint4x32), ("f32", dtypes.float32), ("of", dtypes.uint4x32)))
-
-    def block(i):
-        return Binary(Binop.THREEFRY4X32, Load(key, (Fixed(0),)), Unary(Unop.UINT4X32_OF, EmbedIndex(i)))
-
-    body = seq(
-        pointwise(bits, block),
-        pointwise(f32, lambda i: Unary(Unop.UNIFORM1, block(i), dtypes.float32)),
-        pointwise(of, lambda i: Unary(Unop.UINT4X32_OF, Load(signed, (i,)))),
-    )
-    k = np.array([[7, 0xDEADBEEF, 3, 0]], np.uint32)
-    expected, got = run_both(RoutineIR("prng", body), {key: k, signed: np.arange(-20, 20, dtype=np.int32) * 1000003})
-    for node in (bits, f32, of):
-        assert_same_bits(expected[node], got[node], node.name)
-    counters = np.zeros((n, 4), np.uint32)
-    counters[:, 0] = np.arange(n)
-    assert np.array_equal(got[bits], prng_reference.threefry4x32(k[0], counters))
-    assert got[of][0].tolist() == [(-20 * 1000003) & 0xFFFFFFFF, 0xFFFFFFFF, 0, 0]
 
 
 @needs_metal
@@ -360,36 +135,9 @@ def test_locals_fills_margins_and_lazy_where():
     xs = np.random.default_rng(1).standard_normal((n, 5)).astype(np.float32)
     xs[:, 0] = [1.0, -1.0, 2.0, -2.0, 0.5, 0.0]
     inputs = {x: xs, ids: np.array([1, 99, 3, -7, 0, 12], np.int32), table: np.array([10, 20, 30, 40], np.float32)}
-    expected, got = run_both(RoutineIR("locals", body), inputs)
+    expected, got = run_both("metal", RoutineIR("locals", body), inputs)
     for node in (running, chosen, filled):
         assert_same_bits(expected[node], got[node], node.name)
-
-
-@needs_metal
-def test_runtime_checks_raise_like_the_interpreter():
-    n = 4
-    ids = TNode("ids", (n,), dtypes.int32)
-    table = TNode("table", (3,), dtypes.float32)
-    out = TNode("out", (n,), dtypes.float32)
-    gather = RoutineIR("gather", pointwise(out, lambda i: LoadDynamic(table, 0, Load(ids, (i,)), ())))
-    j = Symbol()
-    scatter = RoutineIR("scatter", loop(j, n, StoreDynamic(table, 0, Load(ids, (Iter(j),)), (), Load(out, (Iter(j),)))))
-    metal = MetalBackend()
-    bufs = {ids: np.array([0, 2, 3, 1], np.int32), table: np.zeros(3, np.float32), out: np.zeros(n, np.float32)}
-    with pytest.raises(OutOfBoundsError, match="table"):
-        metal.compile(gather).run(bufs, {})
-    with pytest.raises(OutOfBoundsError, match="table"):
-        metal.compile(scatter).run(bufs, {})
-    a, b, q = (TNode(name, (n,), dtypes.int32) for name in ("a", "b", "q"))
-    div = RoutineIR("div", pointwise(q, lambda i: Binary(Binop.DIV, Load(a, (i,)), Load(b, (i,)))))
-    with pytest.raises(ZeroDivisionError):
-        metal.compile(div).run({a: np.ones(n, np.int32), b: np.array([1, 2, 0, 3], np.int32), q: np.zeros(n, np.int32)}, {})
-    sym = IndexSymbol("row")  # no size: the access is checked when it runs
-    x = TNode("x", (3, n), dtypes.float32)
-    executable = metal.compile(RoutineIR("slice", pointwise(out, lambda i: Load(x, (Iter(sym), i)))))
-    executable.run({x: np.ones((3, n), np.float32), out: np.zeros(n, np.float32)}, {sym: 2})
-    with pytest.raises(OutOfBoundsError, match="x"):
-        executable.run({x: np.ones((3, n), np.float32), out: np.zeros(n, np.float32)}, {sym: 3})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -452,7 +200,7 @@ def test_tree_reductions_match_the_interpreter(name, build, exact):
     assert len(kernels) == 1 and "threadgroup_barrier(mem_flags::mem_threadgroup);" in kernels[0].text, name
     threads = kernels[0].threads_per_threadgroup
     assert threads & (threads - 1) == 0 and 32 <= threads <= 256 and kernels[0].threadgroup_bytes <= 32 * 1024
-    expected, got = run_both(routine, tree_inputs(routine))
+    expected, got = run_both("metal", routine, tree_inputs(routine))
     for node in routine.writes:
         if exact:
             assert_same_bits(expected[node], got[node], f"{name}: {node.name}")
@@ -467,7 +215,7 @@ def test_short_reductions_accumulate_in_a_register():
     text = emit_metal(routine).text
     assert "threadgroup" not in text.replace("threadgroup of", "").replace("threadgroups of", "")
     assert re.search(r"float v\d+ = 0\.0f;", text) and re.search(r"s\[i\d+\] = v\d+;", text)
-    expected, got = run_both(routine, tree_inputs(routine))
+    expected, got = run_both("metal", routine, tree_inputs(routine))
     assert_same_bits(expected[s], got[s])
 
 
@@ -477,7 +225,7 @@ def test_catalog_with_threadgroup_trees_wherever_possible(monkeypatch):
     with the interpreter within rounding (sums in another order)."""
     monkeypatch.setenv("OCANNL_METAL_TREE_MIN", "2")
     wanted = ("einsum", "compose", "reductions", "conv", "einmax", "tropical", "training step sgd", "training step adam")
-    programs = [dataclasses.replace(p, exact=False) for p in metal_catalog() if any(w in p.name for w in wanted)]
+    programs = [dataclasses.replace(p, exact=False) for p in catalog_for("metal") if any(w in p.name for w in wanted)]
     assert len(programs) >= 15
     report = testing.conformance("metal", programs=programs, random_programs=5)
     assert report.ok, report.summary()
@@ -622,7 +370,7 @@ def wide_sum(n_inputs: int, statements: int = 1) -> RoutineIR:
                 value = Binary(Binop.ADD, value, Load(node, (i,)))
             return value
 
-        stmts.append(pointwise(out, total))
+        stmts.append(pointwise_loop(out, total))
     return RoutineIR("wide", seq(*stmts))
 
 
@@ -682,8 +430,8 @@ def test_a_grid_of_more_points_than_threads_launched_matches_the_interpreter():
     """With at most 64 threads launched, each thread walks its points 64 apart: a broadcast add
     and a kernel of two statements on 1000 points compute the interpreter's values."""
     x, y, z = TNode("x", (1000,)), TNode("y", (1000,)), TNode("z", (1000,))
-    twice = pointwise(y, lambda i: Binary(Binop.MUL, Load(x, (i,)), Const(2.0)))
-    plus_one = pointwise(z, lambda i: Binary(Binop.ADD, Load(y, (i,)), Const(1.0)))
+    twice = pointwise_loop(y, lambda i: Binary(Binop.MUL, Load(x, (i,)), Const(2.0)))
+    plus_one = pointwise_loop(z, lambda i: Binary(Binop.ADD, Load(y, (i,)), Const(1.0)))
     rng = np.random.default_rng(3)
     for routine in (broadcast_add(30, 50), RoutineIR("two_statements", seq(twice, plus_one))):
         program = emit_metal(routine, Options(max_grid_threads=64))
@@ -703,13 +451,13 @@ def test_a_kernel_of_many_statements_is_launched_in_parts():
     from ocannl.backends.codegen import PART_STATEMENTS
 
     nodes = [TNode(f"t{k}", (16,)) for k in range(71)]
-    steps = [pointwise(nodes[k + 1], lambda i, k=k: Binary(Binop.ADD, Load(nodes[k], (i,)), Const(float(k))))
+    steps = [pointwise_loop(nodes[k + 1], lambda i, k=k: Binary(Binop.ADD, Load(nodes[k], (i,)), Const(float(k))))
              for k in range(70)]
     routine = RoutineIR("chain", seq(*steps))
     kernels = emit_metal(routine).kernels
     assert len(kernels) == -(-70 // PART_STATEMENTS)
     assert [k.text.count(" = (t") for k in kernels] == [PART_STATEMENTS, PART_STATEMENTS, 70 - 2 * PART_STATEMENTS]
-    expected, got = run_both(routine, {nodes[0]: np.arange(16, dtype=np.float32)})
+    expected, got = run_both("metal", routine, {nodes[0]: np.arange(16, dtype=np.float32)})
     for node in routine.writes:
         assert_same_bits(expected[node], got[node], node.name)
 
@@ -756,7 +504,7 @@ def wide_slice() -> tuple[RoutineIR, list[TNode], TNode, IndexSymbol]:
             value = Binary(Binop.ADD, value, Load(node, (i,)))
         return value
 
-    return RoutineIR("wide", pointwise(out, total)), inputs, x, row
+    return RoutineIR("wide", pointwise_loop(out, total)), inputs, x, row
 
 
 def test_a_kernel_over_31_arguments_takes_one_argument_buffer():
@@ -782,7 +530,7 @@ def test_a_kernel_over_31_arguments_matches_the_interpreter(statements):
     program = emit_metal(routine)
     assert len(program.kernels) == 1 and program.kernels[0].argument_buffer
     inputs = {n: np.arange(8, dtype=np.float32) * (k + 1) for k, n in enumerate(routine.reads)}
-    expected, got = run_both(routine, inputs)
+    expected, got = run_both("metal", routine, inputs)
     for node in routine.writes:
         assert_same_bits(expected[node], got[node], node.name)
 
@@ -792,7 +540,7 @@ def test_an_argument_buffer_carries_symbols_and_the_status():
     routine, inputs, x, row = wide_slice()
     values = {node: np.full(8, k + 1.0, np.float32) for k, node in enumerate(inputs)}
     values[x] = np.arange(24, dtype=np.float32).reshape(3, 8)
-    expected, got = run_both(routine, values, {row: 2})
+    expected, got = run_both("metal", routine, values, {row: 2})
     (out,) = routine.writes
     assert_same_bits(expected[out], got[out])
     assert got[out].tolist() == [16.0 + 528.0 + k for k in range(8)]
@@ -892,13 +640,6 @@ def test_no_compiler_is_backend_unavailable(monkeypatch, tmp_path):
 # Golden .metal files of canonical programs (emitted only: no compiler needed)
 
 
-def golden_matmul():
-    a, b, c = TNode("a", (8, 32)), TNode("b", (32, 16)), TNode("c", (8, 16))
-    i, j, k = Symbol(), Symbol(), Symbol()
-    return accum(c, Binop.ADD, Binop.MUL, (a, b), [(i, 8), (j, 16), (k, 32)], (Iter(i), Iter(j)),
-                 ((Iter(i), Iter(k)), (Iter(k), Iter(j))), init=True, spec="ik;kj=>ij")
-
-
 def golden_broadcast_add():
     x, b, y = TNode("x", (2, 3)), TNode("b", (1, 3)), TNode("y", (2, 3))
     i, j = Symbol(), Symbol()
@@ -912,14 +653,10 @@ def golden_einsum_reduction():
     x, s = TNode("x", (2, 5, 3)), TNode("s", (2, 3))
     m = TNode("m", (2, 5), dtypes.float16)
     long_x, long_s = TNode("long_x", (3, 1024)), TNode("long_s", (3,))
-    b, i, j = Symbol(), Symbol(), Symbol()
-    b2, i2, j2 = Symbol(), Symbol(), Symbol()
+    sum_and_max = sum_and_max_over_middle(x, s, m)
     r, c = Symbol(), Symbol()
     return Block((
-        accum(s, Binop.ADD, Unop.ID, (x,), [(b, 2), (i, 5), (j, 3)], (Iter(b), Iter(j)),
-              ((Iter(b), Iter(i), Iter(j)),), init=True, spec="bij=>bj"),
-        accum(m, Binop.MAX, Unop.ID, (x,), [(b2, 2), (i2, 5), (j2, 3)], (Iter(b2), Iter(i2)),
-              ((Iter(b2), Iter(i2), Iter(j2)),), init=True, spec="bij=>bi"),
+        *sum_and_max,
         accum(long_s, Binop.ADD, Unop.ID, (long_x,), [(r, 3), (c, 1024)], (Iter(r),), ((Iter(r), Iter(c)),),
               init=True, spec="rc=>r"),
     ))
@@ -934,7 +671,7 @@ def golden_uniform_init():
 
 
 GOLDEN = {
-    "matmul": golden_matmul,
+    "matmul": lambda: matmul(TNode("a", (8, 32)), TNode("b", (32, 16)), TNode("c", (8, 16))),
     "broadcast_add": golden_broadcast_add,
     "einsum_reduction": golden_einsum_reduction,
     "conv": golden_conv,
@@ -952,9 +689,7 @@ def test_golden_metal(name, update_golden):
 @pytest.mark.parametrize("name", GOLDEN)
 def test_golden_programs_run_like_the_interpreter(name):
     routine = lower_routine(name, GOLDEN[name]())
-    rng = np.random.default_rng(len(name))
-    inputs = {n: rng.standard_normal(n.dims).astype(n.dtype.storage) for n in routine.reads if n not in routine.writes}
-    expected, got = run_both(routine, inputs)
+    expected, got = run_both("metal", routine, random_inputs(routine, seed=len(name)))
     for node in routine.writes:
         if node.name == "long_s":  # the threadgroup tree sums in another order
             np.testing.assert_allclose(got[node], expected[node], rtol=1e-5, atol=1e-4)
@@ -970,7 +705,7 @@ def test_golden_programs_run_like_the_interpreter(name):
 @pytest.mark.slow
 def test_catalog_under_address_and_undefined_behaviour_sanitizers(monkeypatch):
     monkeypatch.setenv("OCANNL_METAL_SANITIZE", "address,undefined")
-    report = testing.conformance("metal", programs=metal_catalog(), random_programs=20)
+    report = testing.conformance("metal", programs=catalog_for("metal"), random_programs=20)
     assert report.ok, report.summary()
 
 
@@ -989,11 +724,11 @@ def test_reduction_kernels_under_thread_sanitizer(monkeypatch):
     monkeypatch.setenv("OCANNL_METAL_SANITIZE", "thread")
     for name, build, exact in tree_cases():
         routine = build()
-        expected, got = run_both(routine, tree_inputs(routine))
+        expected, got = run_both("metal", routine, tree_inputs(routine))
         for node in routine.writes:
             np.testing.assert_allclose(got[node], expected[node], rtol=1e-5, atol=1e-4, err_msg=name)
     monkeypatch.setenv("OCANNL_METAL_TREE_MIN", "2")  # every reduction of the catalog as a tree
-    programs = [dataclasses.replace(p, exact=False) for p in metal_catalog()]
+    programs = [dataclasses.replace(p, exact=False) for p in catalog_for("metal")]
     report = testing.conformance("metal", programs=programs, random_programs=20)
     assert report.ok, report.summary()
 
@@ -1015,12 +750,12 @@ def test_address_sanitizer_reports_an_off_by_one_read():
 def test_catalog_compiled_by_clang(monkeypatch):
     monkeypatch.setenv("OCANNL_METAL_CXX", "clang++")
     assert harness.toolchain().is_clang
-    report = testing.conformance("metal", programs=metal_catalog(), random_programs=10)
+    report = testing.conformance("metal", programs=catalog_for("metal"), random_programs=10)
     assert report.ok, report.summary()
     monkeypatch.setenv("OCANNL_METAL_TREE_MIN", "2")
     for name, build, exact in tree_cases():
         routine = build()
-        expected, got = run_both(routine, tree_inputs(routine))
+        expected, got = run_both("metal", routine, tree_inputs(routine))
         for node in routine.writes:
             np.testing.assert_allclose(got[node], expected[node], rtol=1e-5, atol=1e-4, err_msg=name)
 

@@ -318,6 +318,41 @@ def test_each_kernel_is_planned_before_it_is_written():
     assert [k.grid for k in generate(ir).kernels] == [p.grid for p in plans]
 
 
+def test_each_tiling_has_a_writer_holding_only_what_it_prints():
+    """The base writers print what every kernel shares; ``RBLOCK`` stages and split reductions
+    are the flat writer's alone, ``tl.dot`` the dot writer's, and emit.py picks a writer by the
+    plan's kind."""
+    from ocannl.backends.triton.dot import DotKernelWriter
+    from ocannl.backends.triton.emit import WRITERS
+    from ocannl.backends.triton.flat import FillKernelWriter, FlatKernelWriter
+    from ocannl.backends.triton.plan import DotPlan, FillPlan, FlatPlan
+    from ocannl.backends.triton.writer import KernelWriter
+
+    assert WRITERS == {FillPlan: FillKernelWriter, FlatPlan: FlatKernelWriter, DotPlan: DotKernelWriter}
+    flat_only, dot_only = ("stage_index", "reduction_stage", "splits"), ("dot_loop", "operand")
+    assert not any(hasattr(KernelWriter, m) for m in flat_only + dot_only)
+    assert not any(hasattr(DotKernelWriter, m) for m in flat_only)
+    assert not any(hasattr(FlatKernelWriter, m) or hasattr(FillKernelWriter, m) for m in dot_only)
+
+
+def test_a_flat_kernel_whose_inner_loops_run_in_order_is_written_again_without_rblock():
+    """A short sum (under ``SHORT_SUM`` terms) runs in the loop's order: the kernel planned with
+    ``RBLOCK`` tiles uses none, so its writer asks for the plan without them, which emit.py writes."""
+    from ocannl.backends.partition import partition
+    from ocannl.backends.triton.flat import FlatKernelWriter
+    from ocannl.backends.triton.plan import FlatPlan, plan_kernel
+    from ocannl.backends.triton.writer import Options
+
+    ir = routines_of(lambda: [oc.tensor(data(4, 3), batch=1, label="x").sum(axes="output")])[-1]
+    (kernel,) = [k for k in partition(ir.body) if k.tiling == "flat"]
+    plan = plan_kernel(kernel)
+    assert isinstance(plan, FlatPlan) and plan.rblock is not None
+    writer = FlatKernelWriter("k", kernel, plan, Options())
+    writer.emit()
+    assert writer.simpler_plan() == plan_kernel(kernel, inner_tiles=False)
+    assert "RBLOCK" not in generate(ir).text
+
+
 def test_kernels_over_2_31_cells_index_in_int64():
     """Generated code only: nothing of 2**31 cells is allocated. The flat kernel's index and
     every offset into the large buffers are int64; the kernels compile for the GPU."""

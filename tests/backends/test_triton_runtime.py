@@ -28,7 +28,7 @@ import ocannl as oc  # noqa: E402
 from ocannl import session, testing, train  # noqa: E402
 from ocannl.backends import cache  # noqa: E402
 from ocannl.backends.context import Context  # noqa: E402
-from ocannl.backends.partition import partition  # noqa: E402
+from ocannl.backends.partition import Kernel, partition  # noqa: E402
 from ocannl.backends.triton import autotune, generate, tiling  # noqa: E402
 from ocannl.backends.triton.autotune import DotKey  # noqa: E402
 from ocannl.backends.triton.gpu_check import compile_for_gpu  # noqa: E402
@@ -324,8 +324,9 @@ def test_without_tuning_or_without_a_gpu_the_heuristic_table_serves(cache_dir, m
     assert autotune.choose(no_gpu, measure) == autotune.heuristic(no_gpu)
     assert autotune.choose(KEY, None) == autotune.heuristic(KEY)
     assert not (cache_dir / "triton" / "autotune").exists() or not any((cache_dir / "triton" / "autotune").iterdir())
-    # Under the interpreter a plan takes the table's blocks even with tuning on.
-    plan = _split_k_plan()
+    # Under the interpreter the pre-pass keeps the table's plans even with tuning on.
+    kernel, plan = _split_k_kernel()
+    assert autotune.tuned([kernel], [plan]) == [plan]
     assert plan.blocks == tiling.dot_blocks(64, 64, 8192, False, 1)
 
 
@@ -366,18 +367,18 @@ def test_a_candidate_is_written_with_its_blocks_run_and_timed(cache_dir, monkeyp
     (kernel,) = partition(routine_ir(build).body)
     key = DotKey("k", 32, 32, 64, 1, "float32", "a GPU")
     runs, written = [], []
-    emit_blocks = autotune.pinned
+    planned = autotune.plan_kernel
 
     def timer(run, repeats):
         run()
         runs.append(written[-1])
         return {16: 3e-6, 32: 1e-6}[written[-1].block_m]
 
-    def spying_pinned(blocks):
-        written.append(blocks)
-        return emit_blocks(blocks)
+    def spying_plan_kernel(kernel, dot_blocks=None):
+        written.append(dot_blocks)
+        return planned(kernel, dot_blocks=dot_blocks)
 
-    monkeypatch.setattr(autotune, "pinned", spying_pinned)
+    monkeypatch.setattr(autotune, "plan_kernel", spying_plan_kernel)
     configs = [c for c in autotune.candidates(key) if c.num_warps == 4 and c.num_stages == 2][:2]
     assert {c.block_m for c in configs} == {16, 32}
     monkeypatch.setattr(autotune, "candidates", lambda k: configs)
@@ -386,11 +387,37 @@ def test_a_candidate_is_written_with_its_blocks_run_and_timed(cache_dir, monkeyp
     assert runs == configs and chosen.block_m == 32 and autotune.load(key) == chosen
 
 
-def test_pinned_blocks_decide_a_plan():
-    pinned = DotBlocks(32, 32, 32, 8, 4, 2, 4)
-    with autotune.pinned(pinned):
-        assert _split_k_plan().blocks == pinned
-    assert _split_k_plan().blocks != pinned
+def test_given_blocks_decide_a_plan_and_planning_never_tunes(monkeypatch):
+    """Planning is pure: the table's blocks unless the caller gives a contraction's, with tuning
+    on and whatever the autotuner would say."""
+    def no_tuning(*args):
+        raise AssertionError("planning consulted the autotuner")
+
+    monkeypatch.setenv("OCANNL_TRITON_AUTOTUNE", "1")
+    monkeypatch.setattr(autotune, "choose", no_tuning)
+    kernel, plan = _split_k_kernel()
+    given = DotBlocks(32, 32, 32, 8, 4, 2, 4)
+    assert plan_kernel(kernel, dot_blocks=given).blocks == given
+    assert plan.blocks == plan_kernel(kernel).blocks != given
+
+
+def test_the_tuning_pre_pass_chooses_among_plans_of_the_contractions(cache_dir, monkeypatch):
+    """With tuning on and a GPU, ``TritonBackend.compile``'s pre-pass replaces a contraction's
+    plan by the one planned with the measured fastest blocks; other kernels keep theirs."""
+    kernel, plan = _split_k_kernel(32, 32, 64)
+    (pointwise,) = partition(routine_ir(lambda: [oc.tensor(data(3), label="x") + 1.0]).body)
+    flat = plan_kernel(pointwise)
+    fastest = next(c for c in autotune.candidates(autotune.dot_key(kernel, plan)) if c != plan.blocks)
+    monkeypatch.setenv("OCANNL_TRITON_AUTOTUNE", "1")
+    monkeypatch.setattr(autotune, "device_name", lambda: "a GPU")
+    monkeypatch.setattr(autotune, "measure_kernel", lambda k, key: lambda b: 1e-6 if b == fastest else 2e-6)
+    tuned_plan, same = autotune.tuned([kernel, pointwise], [plan, flat])
+    assert tuned_plan == plan_kernel(kernel, dot_blocks=fastest) and same is flat
+    prepasses = []
+    monkeypatch.setattr(autotune, "tuned", lambda kernels, plans: prepasses.append(plans) or list(plans))
+    session.reset()
+    Context("triton").compile(oc.tensor(data(3), label="x") + 1.0)
+    assert len(prepasses) == 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -402,13 +429,18 @@ def _matmul(m: int, n: int, k: int, low: float = -1.0):
     return w, oc.tensor(data(m, k, seed=2, low=low), batch=1, label="x")
 
 
-def _split_k_plan(m: int = 64, n: int = 64, k: int = 8192) -> DotPlan:
+def _split_k_kernel(m: int = 64, n: int = 64, k: int = 8192) -> tuple[Kernel, DotPlan]:
+    """The contraction kernel of ``w @ x`` and its plan."""
     def build():
         w, x = _matmul(m, n, k)
         return [w @ x]
 
     (kernel,) = partition(routine_ir(build).body)
-    return plan_kernel(kernel)
+    return kernel, plan_kernel(kernel)
+
+
+def _split_k_plan(m: int = 64, n: int = 64, k: int = 8192) -> DotPlan:
+    return _split_k_kernel(m, n, k)[1]
 
 
 def test_the_table_splits_k_for_a_small_output_over_a_long_reduction():

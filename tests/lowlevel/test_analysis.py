@@ -3,7 +3,11 @@ accesses, on hand-built indices and statements."""
 
 from ocannl.lowlevel import analysis as an
 from ocannl.lowlevel.indexing import Affine, Fixed, IndexSymbol, Iter, Symbol
-from ocannl.lowlevel.ir import Binary, Cast, EmbedIndex, Fill, Const, Load, LoadDynamic, Store, StoreDynamic, loop, seq
+from ocannl.lowlevel.analysis import all_exprs, all_stmts
+from ocannl.lowlevel.ir import (
+    Binary, Cast, Const, DeclareLocal, EmbedIndex, Fill, GetLocal, Load, LoadDynamic, Local, LocalScope, SetLocal,
+    Store, StoreDynamic, iter_exprs, loop, seq,
+)
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.scalar_ops import Binop
 from ocannl.lowlevel.tnode import TNode
@@ -130,7 +134,7 @@ def test_cell_provably_within_needs_every_axis():
 
 def test_can_fail_names_the_checks_a_run_makes():
     """A routine can fail where an access may leave its buffer with no defined outcome, or an
-    integer division may meet 0: the routines whose failed runs are undone (base.Routine)."""
+    integer division may meet 0: the routines whose failed runs are undone (routine.Routine)."""
     i = Symbol()
     x, ids = TNode("x", (4,)), TNode("ids", (4,), dtypes.int32)
     a, q = TNode("a", (4,), dtypes.int32), TNode("q", (4,), dtypes.int32)
@@ -155,3 +159,44 @@ def test_can_fail_names_the_checks_a_run_makes():
     zero = Const(0, dtypes.int32)
     assert an.writes_before_failure(seq(Fill(q, zero), failing, Fill(a, zero))) == (q, x)
     assert an.writes_before_failure(seq(Fill(q, zero), Fill(a, zero))) == ()
+
+
+def _scoped_sum():
+    """``c[0] := s { s := 0; for i: s := s + a[i] * t }`` with ``t`` a local of the caller, and
+    the scope's body storing into ``d``: every query must see inside the scope."""
+    i = Symbol()
+    a, c, d = TNode("a", (3,)), TNode("c", (1,)), TNode("d", (3,))
+    s, t = Local(dtypes.float32), Local(dtypes.float32)
+    term = Binary(Binop.MUL, Load(a, (Iter(i),)), GetLocal(t))
+    body = seq(SetLocal(s, Const(0.0, dtypes.float32)),
+               loop(i, 3, seq(Store(d, (Iter(i),), term), SetLocal(s, Binary(Binop.ADD, GetLocal(s), term)))))
+    scope = LocalScope(s, body)
+    return Store(c, (Fixed(0),), scope), scope, (a, c, d), (s, t)
+
+
+def test_all_exprs_and_all_stmts_enter_local_scopes_in_program_order():
+    store, scope, (a, _, d), (s, _) = _scoped_sum()
+    assert [type(x).__name__ for x in all_stmts(scope)] == ["Seq", "SetLocal", "For", "Seq", "Store", "SetLocal"]
+    assert list(all_stmts(store))[1:] == list(all_stmts(scope))
+    exprs = list(all_exprs(scope))
+    assert exprs[0] is scope and exprs[1] == Const(0.0, dtypes.float32)
+    assert [x.tnode for x in exprs if isinstance(x, Load)] == [a, a]
+    assert list(all_exprs(store)) == exprs
+    assert list(iter_exprs(scope)) == [scope]  # the expression walker alone stops at the scope
+
+
+def test_reads_writes_and_bindings_of_a_statement_and_of_an_expression():
+    store, scope, (a, c, d), (s, t) = _scoped_sum()
+    assert an.nodes_read(scope) == an.nodes_read(store) == {a}
+    assert an.nodes_written(scope) == {d} and an.nodes_written(store) == {c, d}
+    assert an.locals_read(scope) == {s, t}
+    assert an.locals_bound(scope) == an.locals_written(scope) == {s}
+    assert an.locals_read(scope) - an.locals_written(scope) == {t}  # what the caller must provide
+    assert [x.node for x in an.accesses(scope)] == [a, d, a]
+    assert [x.node for x in an.accesses(store)] == [c, a, d, a]  # a statement, then its scopes
+    u, j = Local(dtypes.float32), Symbol()
+    declared = seq(DeclareLocal(u), SetLocal(u, GetLocal(t)))
+    assert an.locals_bound(declared) == {u} and an.locals_written(declared) == {u}
+    assert not an.sets_outer_local(store) and not an.sets_outer_local(declared)
+    into_outer = loop(j, 2, SetLocal(t, Binary(Binop.ADD, GetLocal(t), Load(a, (Iter(j),)))))
+    assert an.sets_outer_local(into_outer.body) and an.locals_written(into_outer) == {t}

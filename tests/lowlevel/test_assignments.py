@@ -1,35 +1,14 @@
 import pytest
 
-from handbuilt import accum, matvec
+from handbuilt import accum, matvec, pointwise
 from ocannl.errors import OcannlError
 from ocannl.lowlevel.assignments import (
-    Accum,
-    Block,
-    Computation,
-    Constant,
-    EmbedSymbol,
-    Fetch,
-    Gather,
-    Noop,
-    RangeOverOffsets,
-    ScatterAdd,
-    Slice,
-    Values,
-    format_cd,
-    nodes_read,
-    nodes_written,
-    static_symbols,
+    Accum, Block, Computation, Constant, EmbedSymbol, Fetch, Gather, Noop, RangeOverOffsets, ScatterAdd, Slice, Values,
+    format_cd, nodes_read, nodes_written, static_symbols,
 )
 from ocannl.lowlevel.indexing import IndexSymbol, Iter, Symbol
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
 from ocannl.lowlevel.tnode import TNode
-
-
-def pointwise(lhs, fn, *rhs, acc=None, spec="."):
-    i = Symbol()
-    n = lhs.dims[0]
-    return accum(lhs, acc, fn, rhs, [(i, n)], (Iter(i),),
-                 tuple(() if not isinstance(r, TNode) else (Iter(i),) for r in rhs), spec=spec)
 
 
 def moons_like_update() -> Block:

@@ -3,9 +3,13 @@ hand-built loop IR keeps every cell's bits (same terms, same order) against the 
 the scatter; each refused form stays a scatter; then a convolution's input gradient in a compiled
 training step, on every backend."""
 
+from functools import partial
+
 import numpy as np
 import pytest
 
+import helpers
+from helpers import assert_pass_keeps_bits, run_ir, same_bits
 import ocannl as oc
 from backend_params import backend_param
 from ocannl import nn, session, train
@@ -20,16 +24,10 @@ from ocannl.lowlevel.ir import (
 from ocannl.lowlevel.scalar_ops import Binop, Ternop
 from ocannl.lowlevel.summation import block_sums
 from ocannl.lowlevel.tnode import TNode
-from test_optimize import assert_pass_keeps_bits, run_ir, same_bits
 
 RNG = np.random.default_rng(23)
-
-
-def data(*shape: int) -> np.ndarray:
-    """Values with negative zeros among them, so that a lost sign of zero shows."""
-    values = RNG.standard_normal(shape).astype(np.float32)
-    values.flat[::3] = -0.0
-    return values
+# values with negative zeros among them, so that a lost sign of zero shows
+data = partial(helpers.data, rng=RNG, negative_zeros=True)
 
 
 def at(*symbols: Symbol) -> tuple[Iter, ...]:

@@ -5,29 +5,8 @@ from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.dtypes import DTypeError
 from ocannl.lowlevel.indexing import Affine, Fixed, IndexSymbol, Iter, Symbol
 from ocannl.lowlevel.ir import (
-    Binary,
-    Cast,
-    Comment,
-    Const,
-    DeclareLocal,
-    EmbedIndex,
-    Fill,
-    GetLocal,
-    Load,
-    LoadDynamic,
-    Local,
-    LocalScope,
-    LoopKind,
-    RoutineIR,
-    Seq,
-    SetLocal,
-    Store,
-    StoreDynamic,
-    Ternary,
-    Unary,
-    format_routine,
-    loop,
-    seq,
+    Binary, Cast, Comment, Const, DeclareLocal, EmbedIndex, Fill, GetLocal, Load, LoadDynamic, Local, LocalScope,
+    LoopKind, RoutineIR, Seq, SetLocal, Store, StoreDynamic, Ternary, Unary, format_routine, loop, seq,
 )
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
 from ocannl.lowlevel.tnode import TNode

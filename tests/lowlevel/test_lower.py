@@ -4,20 +4,11 @@ program pinned under golden/lower/."""
 import pytest
 
 from golden import check_golden
-from handbuilt import accum, matvec, padded_conv1d
+from handbuilt import accum, broadcast_add, matvec, padded_conv1d
 from ocannl.errors import ShapeError
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.assignments import (
-    Block,
-    Constant,
-    EmbedSymbol,
-    Fetch,
-    Gather,
-    RangeOverOffsets,
-    ScatterAdd,
-    Slice,
-    Values,
-    format_cd,
+    Block, Constant, EmbedSymbol, Fetch, Gather, RangeOverOffsets, ScatterAdd, Slice, Values, format_cd,
 )
 from ocannl.lowlevel.indexing import Fixed, IndexSymbol, Iter, Symbol
 from ocannl.lowlevel.ir import Fill, For, Load, LoopKind, Seq, Store, format_routine, iter_exprs, iter_stmts
@@ -26,11 +17,8 @@ from ocannl.lowlevel.scalar_ops import Binop, Unop
 from ocannl.lowlevel.tnode import TNode
 
 
-def broadcast_add():
-    x, b, y = TNode("x", (2, 3)), TNode("b", (1, 3)), TNode("y", (2, 3))
-    i, j = Symbol(), Symbol()
-    return accum(y, None, Binop.ADD, (x, b), [(i, 2), (j, 3)], (Iter(i), Iter(j)),
-                 ((Iter(i), Iter(j)), (Iter(i), Iter(j))), spec=".")
+def broadcast_add_2x3():
+    return broadcast_add(TNode("x", (2, 3)), TNode("b", (1, 3)), TNode("y", (2, 3)))
 
 
 def sum_all():
@@ -103,7 +91,7 @@ def take():
 
 PROGRAMS = {
     "matvec": lambda: matvec(TNode("a", (3, 4)), TNode("v", (4,)), TNode("c", (3,))),
-    "broadcast_add": broadcast_add,
+    "broadcast_add": broadcast_add_2x3,
     "sum_all": sum_all,
     "max_rows": max_rows,
     "max_into_fixed_cell": max_into_fixed_cell,
@@ -147,7 +135,7 @@ def test_injective_neutral_is_a_plain_store():
 
 
 def test_size_one_operand_axis_broadcasts():
-    (store,) = stores(lower(broadcast_add()))
+    (store,) = stores(lower(broadcast_add_2x3()))
     loads = [e for e in iter_exprs(store.value) if isinstance(e, Load)]
     assert loads[1].tnode.name == "b" and loads[1].indices[0] == Fixed(0)
 

@@ -4,14 +4,17 @@ bit for bit (docs/design.md, "Arithmetic")."""
 
 import math
 
+from functools import partial
+
 import numpy as np
 import pytest
 
+import helpers
+from helpers import assert_pass_keeps_bits, run_ir, same_bits
 import ocannl as oc
-from handbuilt import accum
+from handbuilt import accum, pointwise
 from ocannl import config, session, testing
 from ocannl.backends.context import Context, set_default_context
-from ocannl.backends.interp import InterpBackend
 from ocannl.errors import OcannlError, SessionError
 from ocannl.lowlevel.assignments import Block, Computation
 from ocannl.lowlevel import dtypes
@@ -19,35 +22,15 @@ from ocannl.lowlevel import optimize as opt
 from ocannl.lowlevel.analysis import substitute_index
 from ocannl.lowlevel.indexing import Affine, Fixed, IndexSymbol, Iter, Symbol
 from ocannl.lowlevel.ir import (
-    Binary,
-    Cast,
-    Comment,
-    Const,
-    DeclareLocal,
-    EmbedIndex,
-    Fill,
-    For,
-    GetLocal,
-    Load,
-    Local,
-    LocalScope,
-    RoutineIR,
-    SetLocal,
-    Store,
-    Ternary,
-    Unary,
-    format_routine,
-    iter_exprs,
-    iter_stmts,
-    loop,
-    seq,
-    stmt_exprs,
+    Binary, Cast, Comment, Const, DeclareLocal, EmbedIndex, Fill, For, GetLocal, Load, Local, LocalScope, RoutineIR,
+    SetLocal, Store, Ternary, Unary, format_routine, iter_exprs, iter_stmts, loop, seq, stmt_exprs,
 )
 from ocannl.lowlevel import op_semantics
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
 from ocannl.lowlevel.tnode import MemoryMode, TNode, mark_materialized, mark_virtual
 
 RNG = np.random.default_rng(11)
+data = partial(helpers.data, rng=RNG)
 
 
 @pytest.fixture(autouse=True)
@@ -56,38 +39,6 @@ def no_settings(monkeypatch, tmp_path):
     for key in ("OCANNL_FAST_MATH", "OCANNL_BACKEND", "OCANNL_DEBUG_DIR"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.chdir(tmp_path)
-
-
-# ---------------------------------------------------------------------------------------------
-# Helpers: run a routine on the interpreter, compare bits.
-
-
-def run_ir(routine: RoutineIR, values: dict, **bindings) -> dict[TNode, np.ndarray]:
-    """Every buffer of ``routine`` after one interpreter run from ``values`` (zeros elsewhere)."""
-    buffers = {}
-    for node in routine.reads + routine.writes:
-        shape = node.dims + ((4,) if node.dtype is dtypes.uint4x32 else ())
-        init = values.get(node)
-        buffers[node] = (np.zeros(shape, node.dtype.storage) if init is None
-                         else np.ascontiguousarray(np.asarray(init, node.dtype.storage)).copy())
-    symbols = {s.name: s for s in routine.static_symbols}
-    InterpBackend().compile(routine).run(buffers, {symbols[k]: v for k, v in bindings.items()})
-    return buffers
-
-
-def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
-
-
-def assert_pass_keeps_bits(before: RoutineIR, after: RoutineIR, values: dict, **bindings) -> None:
-    """Every node ``after`` still has holds what it holds after ``before``, bit for bit."""
-    want, got = run_ir(before, values, **bindings), run_ir(after, values, **bindings)
-    for node, array in got.items():
-        assert same_bits(array, want[node]), f"{node.debug_name}: {array} != {want[node]}"
-
-
-def data(*shape) -> np.ndarray:
-    return RNG.standard_normal(shape).astype(np.float32)
 
 
 def top(routine: RoutineIR) -> list:
@@ -555,7 +506,7 @@ def test_fast_math_setting_parses_yes_and_no(monkeypatch, tmp_path):
 def unoptimized_context(monkeypatch, *items):
     """A context that ran ``items`` without the optimizer: the oracle."""
     with monkeypatch.context() as m:
-        m.setattr(base, "optimize", lambda routine, keep=None, **_: routine)
+        m.setattr("ocannl.backends.context.optimize", lambda routine, keep=None, **_: routine)
         ctx = Context("interp")
         ctx.compile(*items).run()
     return ctx
@@ -674,11 +625,6 @@ def test_mark_materialized_keeps_a_node():
 
 def test_a_later_routine_reading_an_inlined_node_is_an_error():
     x, m, y, z = TNode("x", (3,)), TNode("m", (3,), memory_mode=MemoryMode.VIRTUAL), TNode("y", (3,)), TNode("z", (3,))
-    def pointwise(lhs, fn, *rhs):
-        i = Symbol()
-        return accum(lhs, None, fn, rhs, [(i, 3)], (Iter(i),),
-                     tuple((Iter(i),) if isinstance(r, TNode) else () for r in rhs))
-
     ctx = Context("interp")
     ctx.set(x, np.arange(3, dtype=np.float32))
     first = ctx.compile(Computation("first", Block((pointwise(m, Binop.MUL, x, 2.0), pointwise(y, Unop.EXP, m)))))
@@ -717,9 +663,9 @@ def run_catalog_program(program, monkeypatch, mode):
     items = list(program.build())
     with monkeypatch.context() as m:
         if mode == "unoptimized":
-            m.setattr(base, "optimize", lambda routine, keep=None, **_: routine)
+            m.setattr("ocannl.backends.context.optimize", lambda routine, keep=None, **_: routine)
         else:
-            m.setattr(base, "materialized_nodes", lambda routine: set())
+            m.setattr("ocannl.backends.context.materialized_nodes", lambda routine: set())
             if mode == "fast":
                 m.setenv("OCANNL_FAST_MATH", "1")
         ctx = Context("interp")

@@ -3,9 +3,13 @@ on hand-built loop IR, checked against the interpreter running the routine befor
 for bit; then the training steps, whose gradients no longer start from a zero fill, on every
 backend."""
 
+from functools import partial
+
 import numpy as np
 import pytest
 
+import helpers
+from helpers import run_ir, same_bits
 import ocannl as oc
 from backend_params import backend_param
 from ocannl import nn, session, train
@@ -23,16 +27,10 @@ from ocannl.lowlevel.overwrite import first_write, fold_fills, forward_stores
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
 from ocannl.lowlevel.tnode import TNode, mark_virtual
 from test_gather import _cnn_step
-from test_optimize import run_ir, same_bits
 
 RNG = np.random.default_rng(17)
-
-
-def data(*shape: int) -> np.ndarray:
-    """Values with negative zeros among them, so that a lost sign of zero shows."""
-    values = RNG.standard_normal(shape).astype(np.float32)
-    values.flat[:: 3] = -0.0
-    return values
+# values with negative zeros among them, so that a lost sign of zero shows
+data = partial(helpers.data, rng=RNG, negative_zeros=True)
 
 
 def assert_same_results(before: RoutineIR, after: RoutineIR, values: dict) -> None:

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from backend_params import backend_param
-from handbuilt import accum
+from handbuilt import accum, pointwise
 from ocannl.backends.context import Context
 from ocannl.backends.interp import InterpBackend
 from ocannl.lowlevel import dtypes, prng
@@ -37,13 +37,6 @@ def run(asg, inputs=None, interp_mode: str = "vectorized") -> Context:
         ctx.set(node, value)
     ctx.compile(Computation("prng_test", asg)).run()
     return ctx
-
-
-def pointwise(out: TNode, fn, *operands: TNode) -> Accum:
-    """``out =: fn(operands...)`` cell by cell over a 1-D space."""
-    (n,) = out.dims
-    i = Symbol()
-    return accum(out, None, fn, operands, [(i, n)], (Iter(i),), tuple((Iter(i),) for _ in operands))
 
 
 def ir_threefry(keys: np.ndarray, counters: np.ndarray, interp_mode: str = "vectorized") -> np.ndarray:

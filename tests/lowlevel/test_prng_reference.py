@@ -4,11 +4,7 @@ import numpy as np
 import pytest
 
 from ocannl.lowlevel.prng_reference import (
-    threefry4x32,
-    uniform1_float32,
-    uniform1_float64,
-    uniform_float32,
-    uniform_float64,
+    threefry4x32, uniform1_float32, uniform1_float64, uniform_float32, uniform_float64,
 )
 
 # Random123's known-answer vectors for threefry4x32, from the kat_vectors file of the

@@ -11,19 +11,7 @@ from ocannl.backends.metal import emit as metal_emit
 from ocannl.lowlevel import dtypes, summation
 from ocannl.lowlevel.indexing import Fixed, Iter, Symbol
 from ocannl.lowlevel.ir import (
-    Binary,
-    Const,
-    For,
-    GetLocal,
-    Load,
-    Local,
-    LocalScope,
-    RoutineIR,
-    SetLocal,
-    Store,
-    Unary,
-    loop,
-    seq,
+    Binary, Const, For, GetLocal, Load, Local, LocalScope, RoutineIR, SetLocal, Store, Unary, loop, seq,
 )
 from ocannl.lowlevel.scalar_ops import Binop, Unop
 from ocannl.lowlevel.schedule import Reduction, blocked_reduction_of, reduction_of, update_of

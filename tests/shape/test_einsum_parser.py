@@ -9,16 +9,7 @@ from hypothesis import strategies as st
 
 from ocannl.errors import EinsumSyntaxError
 from ocannl.shape.einsum import (
-    ConcatAxis,
-    ConvTerm,
-    EinsumSpec,
-    FixedIndex,
-    Label,
-    RowSpec,
-    ShapeSpec,
-    format_einsum,
-    is_multichar,
-    parse_einsum,
+    ConcatAxis, ConvTerm, EinsumSpec, FixedIndex, Label, RowSpec, ShapeSpec, format_einsum, is_multichar, parse_einsum,
     parse_shape_spec,
 )
 

@@ -30,7 +30,7 @@ from ocannl.lowlevel.tnode import TNode
 
 
 class CBackend:
-    """The ``c`` backend (registered in ``ocannl.backends.base``)."""
+    """The ``c`` backend (registered in ``ocannl.backends.registry``)."""
 
     name = "c"
     profiles = True
@@ -95,7 +95,7 @@ class CExecutable:
         return self._prepared
 
     def _call_on(self, arrays: list[np.ndarray]) -> Callable[[Mapping[IndexSymbol, int]], None]:
-        """The prepared call, with the direct path of ``ocannl.backends.base.Executable``: the
+        """The prepared call, with the direct path of ``ocannl.backends.protocols.Executable``: the
         symbols' values live in one int64 array whose address the kernel gets at every call
         (the symbols the C code reads first, in its parameter order; the routine's others after
         them, stored but not read), and ``invoke`` is the ctypes call on the two arrays, bound
@@ -122,7 +122,7 @@ class CExecutable:
     def run_many(self, buffers: Mapping[TNode, np.ndarray], symbols: Sequence[IndexSymbol], steps: np.ndarray,
                  records: Sequence[TNode]) -> list[np.ndarray]:
         """Every step in one call of the ``_steps`` entry (emit.py), which copies the recorded
-        buffers after each step: the contract of ``ocannl.backends.base.run_steps``."""
+        buffers after each step: the contract of ``ocannl.backends.routine.run_steps``."""
         addresses = self.prepare(buffers).addresses
         table = np.ascontiguousarray(steps[:, [symbols.index(s) for s in self.source.symbols]], np.int64)
         n, sources, sizes, outputs = len(table), [], [], []

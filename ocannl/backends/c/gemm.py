@@ -1,6 +1,6 @@
 """The micro-kernels of the C backend's packed GEMM (ocannl/lowlevel/cpu_schedule.py,
 :class:`~ocannl.lowlevel.cpu_schedule.GemmPlan`; the loops around them are printed by
-``ocannl/backends/codegen.py``).
+``gemm_printer.py``).
 
 A micro-kernel computes an ``mr x nr`` tile of cells from two packed strips: ``a``, ``kc`` rows
 of ``mr`` values (the tile's rows of the left operand, ``k`` after ``k``), and ``b``, ``kc`` rows
@@ -29,7 +29,13 @@ nest of their own and read back.
 
 from __future__ import annotations
 
-from ocannl.lowlevel.cpu_schedule import MicroKernel
+from typing import TYPE_CHECKING
+
+from ocannl.backends.c.gemm_printer import print_gemm
+from ocannl.lowlevel.cpu_schedule import ContractionPlan, MicroKernel
+
+if TYPE_CHECKING:
+    from ocannl.backends.codegen import Emitter
 
 
 def kernel_name(shape: MicroKernel) -> str:
@@ -125,7 +131,8 @@ def kernel(shape: MicroKernel) -> list[str]:
 
 class CGemm:
     """What the C-family walk (``ocannl/backends/codegen.py``) needs from C to print packed
-    GEMMs: the target's vector width, the micro-kernels and the OpenMP spellings."""
+    GEMMs (its ``GemmTarget``): the target's vector width, the micro-kernels, the printer of the
+    loops around them (``gemm_printer.py``) and the OpenMP spellings that printer uses."""
 
     parallel_region = "#pragma omp parallel"
 
@@ -136,6 +143,9 @@ class CGemm:
     kernel_name = staticmethod(kernel_name)
     vector_type = staticmethod(vector_type)
     vector_types = staticmethod(vector_types)
+
+    def print_gemm(self, emitter: Emitter, plan: ContractionPlan) -> None:
+        print_gemm(emitter, self, plan)
 
     @staticmethod
     def declarations() -> list[str]:

@@ -73,7 +73,7 @@ INTERP_MODES = ("vectorized", "scalar")
 
 
 class InterpBackend:
-    """The ``interp`` backend (registered in ``ocannl.backends.base``). ``interp_mode`` (else
+    """The ``interp`` backend (registered in ``ocannl.backends.registry``). ``interp_mode`` (else
     the ``interp_mode`` setting, ``OCANNL_INTERP_MODE``) picks ``vectorized`` (the default: whole
     loop nests as numpy operations, bit for bit the scalar results; ``vectorized.py``) or
     ``scalar`` (this module's literal walk, one cell at a time: the executable semantics)."""

@@ -47,15 +47,18 @@ from ocannl.lowlevel.analysis import (
     affine_form,
     cell_provably_within,
     indices_symbols,
+    locals_read,
     loop_chain,
+    nodes_read,
+    nodes_written,
     row_major_strides,
+    sets_outer_local,
 )
 from ocannl.lowlevel.dtypes import DType
 from ocannl.lowlevel.indexing import AxisIndex, Iter, Symbol
 from ocannl.lowlevel.ir import (
-    Binary, Cast, Comment, Const, DeclareLocal, EmbedIndex, Expr, Fill, For, GetLocal, Load, LoadDynamic, Local,
-    LocalScope, RoutineIR, Seq, SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary, iter_exprs, iter_stmts,
-    stmt_exprs,
+    Binary, Cast, Comment, Const, DeclareLocal, EmbedIndex, Expr, For, GetLocal, Load, LoadDynamic, Local,
+    LocalScope, RoutineIR, Seq, SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary,
 )
 from ocannl.lowlevel.op_semantics import (array_binary, array_fma, array_uint4x32_pack, array_uint4x32_word,
                                          array_unary)
@@ -145,16 +148,6 @@ def _lift(value: Any, dtype: DType, ndim: int) -> Any:
 # Which loops form grids
 
 
-def _declared_locals(body: Stmt) -> set[Local]:
-    declared = set()
-    for s in iter_stmts(body):
-        if isinstance(s, DeclareLocal):
-            declared.add(s.local)
-        for e in stmt_exprs(s):
-            declared.update(sub.local for sub in iter_exprs(e) if isinstance(sub, LocalScope))
-    return declared
-
-
 def carries_no_dependence(loop: For) -> bool:
     """Whether ``loop``'s iterations are independent: for every node its body writes, all the
     body's accesses to that node index one common axis by the bare loop index (so two iterations
@@ -168,42 +161,11 @@ def carries_no_dependence(loop: For) -> bool:
                 common &= {k for k, idx in enumerate(a.indices) if idx == it}
         if not common:
             return False
-    declared = _declared_locals(loop.body)
-    return all(s.local in declared for s in iter_stmts(loop.body) if isinstance(s, SetLocal))
+    return not sets_outer_local(loop.body)
 
 
 # ---------------------------------------------------------------------------------------------
 # Sums in loop order
-
-
-def _writes_nothing(e: Expr) -> bool:
-    """``e`` stores into no buffer (its local scopes only compute locals)."""
-    return not any(
-        isinstance(s, (Store, StoreDynamic, Fill))
-        for sub in iter_exprs(e) if isinstance(sub, LocalScope) for s in iter_stmts(sub.body)
-    )
-
-
-def _reads_node(e: Expr, node: TNode) -> bool:
-    for sub in iter_exprs(e):
-        if isinstance(sub, (Load, LoadDynamic)) and sub.tnode is node:
-            return True
-        if isinstance(sub, LocalScope) and any(
-            _reads_node(x, node) for s in iter_stmts(sub.body) for x in stmt_exprs(s)
-        ):
-            return True
-    return False
-
-
-def _reads_local(e: Expr, local: Local) -> bool:
-    for sub in iter_exprs(e):
-        if isinstance(sub, GetLocal) and sub.local is local:
-            return True
-        if isinstance(sub, LocalScope) and any(
-            _reads_local(x, local) for s in iter_stmts(sub.body) for x in stmt_exprs(s)
-        ):
-            return True
-    return False
 
 
 _STORED_AS_COMPUTED = (dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64, dtypes.uint32)
@@ -224,7 +186,7 @@ def _stored_sum(stmt: For) -> tuple[list[For], Store, Expr] | None:
             return None
     if n2 is not node or idx2 != idx or node.dtype not in _STORED_AS_COMPUTED:
         return None
-    if _reads_node(term, node) or not _writes_nothing(term):
+    if node in nodes_read(term) or nodes_written(term):
         return None
     symbols = indices_symbols(idx)
     reducing = [f for f in loops if f.symbol not in symbols]
@@ -239,7 +201,7 @@ def _local_sum(scope: LocalScope) -> tuple[Expr | None, list[For], Binop, Expr] 
     local, body, init = scope.local, scope.body, None
     if isinstance(body, Seq) and len(body.stmts) == 2 and isinstance(body.stmts[0], SetLocal):
         first, body = body.stmts
-        if first.local is not local or _reads_local(first.value, local) or not _writes_nothing(first.value):
+        if first.local is not local or local in locals_read(first.value) or nodes_written(first.value):
             return None
         init = first.value
     loops, inner = loop_chain(body)
@@ -250,7 +212,7 @@ def _local_sum(scope: LocalScope) -> tuple[Expr | None, list[For], Binop, Expr] 
             return None
     if not loops or l1 is not local or l2 is not local or local.dtype not in _STORED_AS_COMPUTED:
         return None
-    if _reads_local(term, local) or not _writes_nothing(term):
+    if local in locals_read(term) or nodes_written(term):
         return None
     return init, loops, op, term
 
@@ -575,7 +537,7 @@ class _Vectorizer:
         raise _Unsupported(f"{type(e).__name__} over a grid")
 
     def local_scope(self, e: LocalScope, grid: _Grid) -> Thunk:
-        if any(isinstance(s, (Store, StoreDynamic, Fill)) for s in iter_stmts(e.body)):
+        if nodes_written(e):
             # Loads evaluated before the scope may be views of what it stores into.
             raise _Unsupported("a local scope that stores into a buffer")
         local = e.local

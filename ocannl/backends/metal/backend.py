@@ -44,7 +44,7 @@ def options() -> Options:
 
 
 class MetalBackend:
-    """The ``metal`` backend (registered in ``ocannl.backends.base``)."""
+    """The ``metal`` backend (registered in ``ocannl.backends.registry``)."""
 
     name = "metal"
     emulated = True

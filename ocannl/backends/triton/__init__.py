@@ -4,8 +4,9 @@ tensors (docs/codegen.md, "Triton").
 * ``ocannl/backends/partition.py`` (shared with Metal) cuts a routine into kernels (which loops
   run as grid axes, which statements share a kernel, which nests are contractions for ``tl.dot``);
 * ``emit.py`` writes one Python module per routine: the kernels and a ``launch`` function;
-* ``tiling.py`` is the block-size table (``autotune.py`` may replace a contraction's on a GPU);
-  ``tlib.py`` the device functions the modules import;
+* ``plan.py`` plans each kernel (tiling, blocks, grid) from the block-size table of ``tiling.py``;
+  ``autotune.py``, a pre-pass of :meth:`TritonBackend.compile`, may choose a contraction's on a GPU;
+* ``tlib.py`` holds the device functions the modules import;
 * ``runtime.py`` owns the buffers (torch tensors), loads modules and runs them.
 
 It needs ``triton`` and ``torch`` (``pip install 'ocannl[triton]'``) and a GPU, or
@@ -37,8 +38,8 @@ def options():
 
 
 def generate(routine: RoutineIR):
-    """The Triton module source of ``routine`` (a :class:`~ocannl.backends.triton.emit.ModuleSource`),
-    without loading it: for tests, golden files and the compile checks."""
+    """The Triton module source of ``routine`` (a :class:`~ocannl.backends.triton.emit.ModuleSource`)
+    with the table's plans, without loading it: for tests, golden files and the compile checks."""
     from ocannl.backends.triton.emit import emit_module
     from ocannl.backends.partition import partition
 
@@ -46,7 +47,7 @@ def generate(routine: RoutineIR):
 
 
 class TritonBackend:
-    """The ``triton`` backend (registered in ``ocannl.backends.base``)."""
+    """The ``triton`` backend (registered in ``ocannl.backends.registry``)."""
 
     name = "triton"
     tree_sums = True
@@ -78,9 +79,18 @@ class TritonBackend:
         return self._buffers
 
     def compile(self, routine: RoutineIR):
+        """The routine's kernels planned, the contractions' plans tuned when tuning is on
+        (autotune.py: a pre-pass choosing among plans, measured on the GPU), then written and
+        loaded."""
+        from ocannl.backends.partition import partition
+        from ocannl.backends.triton import autotune
+        from ocannl.backends.triton.emit import emit_module
+        from ocannl.backends.triton.plan import plan_kernel
         from ocannl.backends.triton.runtime import TritonExecutable
 
-        return TritonExecutable(routine.name, generate(routine), self.buffers)
+        kernels = partition(routine.body)
+        plans = autotune.tuned(kernels, [plan_kernel(k) for k in kernels])
+        return TritonExecutable(routine.name, emit_module(routine, kernels, options(), plans), self.buffers)
 
 
 __all__ = ["TritonBackend", "generate", "options"]

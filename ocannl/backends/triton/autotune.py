@@ -1,6 +1,8 @@
 """Choosing a contraction's blocks: the heuristic table of tiling.py, or, with the
 ``triton_autotune`` setting on a GPU, the fastest of a few measured configurations, remembered
-on disk.
+on disk. Tuning is a pre-pass of ``TritonBackend.compile`` (:func:`tuned`) that chooses among
+plans of a kernel (plan.py plans a contraction with each candidate's blocks); planning itself
+measures nothing and writes no code.
 
 **What is tuned.** For a ``tl.dot`` kernel, keyed by :class:`DotKey` (the kernel: a digest of
 its loop IR; its shape ``m x n x k`` and batch; its operands' storage type; the GPU's name): the
@@ -32,18 +34,21 @@ the GPU timing itself (:func:`gpu_time`) runs only on a GPU.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import hashlib
 import json
+import math
 import warnings
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 from ocannl import config
+from ocannl.lowlevel.ir import Namer, RoutineIR, Seq, format_stmt
+
 from ocannl.backends import cache
+from ocannl.backends.partition import Kernel
 from ocannl.backends.triton import tiling
+from ocannl.backends.triton.plan import DotPlan, Plan, plan_kernel
 from ocannl.backends.triton.tiling import DotBlocks
 
 WARPS = (4, 8)
@@ -160,21 +165,6 @@ def store(key: DotKey, blocks: DotBlocks, times: dict | None = None) -> Path:
 # The choice
 
 
-_pinned: contextvars.ContextVar[DotBlocks | None] = contextvars.ContextVar("ocannl_triton_pinned_blocks",
-                                                                           default=None)
-
-
-@contextlib.contextmanager
-def pinned(blocks: DotBlocks) -> Iterator[None]:
-    """Within the block, :func:`choose` returns ``blocks``: how a candidate's kernel is written
-    to be measured."""
-    token = _pinned.set(blocks)
-    try:
-        yield
-    finally:
-        _pinned.reset(token)
-
-
 def device_name() -> str | None:
     """The name of the GPU that runs the kernels, or ``None`` (the interpreter, or no GPU)."""
     from ocannl.backends.triton.runtime import interpreting
@@ -187,12 +177,9 @@ def device_name() -> str | None:
 
 
 def choose(key: DotKey, measure: Callable[[DotBlocks], float] | None) -> DotBlocks:
-    """The blocks for ``key``: pinned ones, else the table's when tuning is off or there is no
-    GPU (``key.device`` empty) or nothing to measure with, else the cached choice, else the
-    result of a search over :func:`candidates`, cached."""
-    forced = _pinned.get()
-    if forced is not None:
-        return forced
+    """The blocks for ``key``: the table's when tuning is off or there is no GPU (``key.device``
+    empty) or nothing to measure with, else the cached choice, else the result of a search over
+    :func:`candidates`, cached."""
     if not enabled() or not key.device or measure is None:
         return heuristic(key)
     found = load(key)
@@ -213,22 +200,20 @@ def gpu_time(run: Callable[[], None], repeats: int) -> float:
     return triton.testing.do_bench(run, rep=repeats, return_mode="median") / 1e3
 
 
-def measure_kernel(kernel, key: DotKey, timer: Callable[[Callable[[], None], int], float] = gpu_time,
+def measure_kernel(kernel: Kernel, key: DotKey, timer: Callable[[Callable[[], None], int], float] = gpu_time,
                    repeats: int = 25) -> Callable[[DotBlocks], float]:
-    """A function timing ``kernel`` (a partition kernel) written with given blocks: the module is
-    generated for it alone (under :func:`pinned`), run once on random operands of its nodes'
-    shapes (which compiles it), then timed by ``timer`` (:func:`gpu_time`; the tests pass a fake
-    one and run it under the interpreter)."""
+    """A function timing ``kernel`` (a partition kernel) planned with given blocks: the module is
+    generated for it alone, run once on random operands of its nodes' shapes (which compiles it),
+    then timed by ``timer`` (:func:`gpu_time`; the tests pass a fake one and run it under the
+    interpreter)."""
 
     def measure(blocks: DotBlocks) -> float:
         from ocannl.backends.triton import options
         from ocannl.backends.triton.emit import emit_module
         from ocannl.backends.triton.runtime import TorchBuffers, TritonExecutable
-        from ocannl.lowlevel.ir import RoutineIR, Seq
 
-        with pinned(blocks):
-            source = emit_module(RoutineIR(f"autotune_{key.digest()[:8]}", Seq(tuple(p.stmt for p in kernel.parts))),
-                                 [kernel], options())
+        routine = RoutineIR(f"autotune_{key.digest()[:8]}", Seq(tuple(p.stmt for p in kernel.parts)))
+        source = emit_module(routine, [kernel], options(), [plan_kernel(kernel, dot_blocks=blocks)])
         owner = TorchBuffers()
         executable = TritonExecutable(source.routine, source, owner)
         buffers = {}
@@ -244,23 +229,30 @@ def measure_kernel(kernel, key: DotKey, timer: Callable[[Callable[[], None], int
     return measure
 
 
-def dot_key(kernel, m: int, n: int, k: int, batch: int, dtype: str) -> DotKey:
-    """The key of a contraction kernel of the partition, on this machine's GPU (``device``
-    empty without one)."""
-    from ocannl.lowlevel.ir import Namer, format_stmt
-
+def dot_key(kernel: Kernel, plan: DotPlan) -> DotKey:
+    """The key of a contraction kernel of the partition planned as ``plan``, on this machine's
+    GPU (``device`` empty without one)."""
     namer = Namer()
     text = "\n".join(format_stmt(p.stmt, namer) for p in kernel.parts)
-    return DotKey(hashlib.sha256(text.encode()).hexdigest()[:16], m, n, k, batch, dtype, device_name() or "")
+    dtype = plan.sixteen.name if plan.sixteen is not None else "float32"
+    return DotKey(hashlib.sha256(text.encode()).hexdigest()[:16], plan.m, plan.n, plan.k_total,
+                  math.prod(plan.batch), dtype, device_name() or "")
 
 
-def dot_blocks(kernel, m: int, n: int, k: int, batch: int, dtype: str) -> DotBlocks:
-    """The blocks of a contraction kernel (plan.py): the table's, unless pinned, or tuning is on
-    and a GPU runs the kernels (:func:`choose`)."""
-    if _pinned.get() is None and not enabled():
-        return heuristic(DotKey("", m, n, k, batch, dtype, ""))
-    key = dot_key(kernel, m, n, k, batch, dtype)
-    return choose(key, measure_kernel(kernel, key) if key.device else None)
+def tuned(kernels: Sequence[Kernel], plans: Sequence[Plan]) -> list[Plan]:
+    """The plans the kernels run with, the pre-pass of ``TritonBackend.compile``: ``plans`` (the
+    table's), except that with tuning on and a GPU running the kernels, each contraction's plan
+    takes the blocks :func:`choose` picks."""
+    if not enabled() or device_name() is None:
+        return list(plans)
+    out = []
+    for kernel, plan in zip(kernels, plans):
+        if isinstance(plan, DotPlan):
+            key = dot_key(kernel, plan)
+            plan = plan_kernel(kernel, dot_blocks=choose(key, measure_kernel(kernel, key)))
+        out.append(plan)
+    return out
 
 
-__all__ = ["DotKey", "candidates", "choose", "dot_blocks", "heuristic", "load", "pinned", "search", "store"]
+__all__ = ["DotKey", "candidates", "choose", "dot_key", "heuristic", "load", "measure_kernel", "search", "store",
+           "tuned"]

@@ -1,12 +1,13 @@
 """The Triton source emitter: one Python module per routine, one ``@triton.jit`` kernel per
 launch, and a ``launch`` function calling them in order.
 
-Each :class:`~ocannl.backends.partition.Kernel` is planned (plan.py: tiling, blocks, grid), then
-written by the writer of its plan's kind (writer.py, whose docstring describes the tiles, the
-register cache, bounds and arithmetic). The partitioner's :func:`~ocannl.backends.partition.group`
-then puts kernels into launches by their programs and the nodes they touch. A launch of one
-kernel is that kernel. A grouped launch is a kernel of its own that calls its members, each
-written as a device function taking its program number (``program``): the programs of segment
+Each :class:`~ocannl.backends.partition.Kernel` comes with its plan (plan.py: tiling, blocks,
+grid) and is written by the writer of its plan's kind (:data:`WRITERS`: flat.py, dot.py, on the
+base writers of writer.py, whose docstring describes the register cache, bounds and
+arithmetic). The partitioner's :func:`~ocannl.backends.partition.group` then puts kernels into
+launches by their programs and the nodes they touch. A launch of one kernel is that kernel. A
+grouped launch is a kernel of its own that calls its members, each written as a device
+function taking its program number (``program``): the programs of segment
 ``s`` are those from the sum of the earlier segments' programs on, and a chain of
 single-program kernels is called in order, with ``tl.debug_barrier()`` before a kernel that
 touches a node an earlier one since the last barrier wrote (or writes one it read). The launch
@@ -17,14 +18,17 @@ spreads its tiles over more threads, and the stages only apply to a member's ``t
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Sequence
 
 from ocannl.lowlevel.identifiers import Namespace, comment_text, sanitize_identifier
 from ocannl.lowlevel.indexing import IndexSymbol
 from ocannl.lowlevel.ir import RoutineIR
 
 from ocannl.backends.partition import Kernel, Launch, conflicts, group, kernel_nodes
-from ocannl.backends.triton.plan import plan_kernel
-from ocannl.backends.triton.writer import WRITERS, KernelSource, KernelWriter, Options, Param
+from ocannl.backends.triton.dot import DotKernelWriter
+from ocannl.backends.triton.flat import FillKernelWriter, FlatKernelWriter
+from ocannl.backends.triton.plan import DotPlan, FillPlan, FlatPlan, Plan, plan_kernel
+from ocannl.backends.triton.writer import KernelSource, KernelWriter, Options, Param
 
 
 @dataclass
@@ -43,7 +47,7 @@ class ModuleSource:
     programs: tuple[int, ...] = ()
     """The programs each kernel of the partition runs (``launches`` refers to them by position)."""
     sites: dict[int, str] = field(default_factory=dict)
-    """What each nonzero value of the error flag says went wrong (writer.KernelWriter.site)."""
+    """What each nonzero value of the error flag says went wrong (writer.ExpressionWriter.site)."""
     division_sites: frozenset[int] = frozenset()
     """The values of :attr:`sites` that are integer divisions by zero; the others are indices
     outside their axis."""
@@ -53,11 +57,15 @@ class ModuleSource:
 # The module
 
 
-def emit_module(routine: RoutineIR, kernels: list[Kernel], options: Options = Options()) -> ModuleSource:
-    """The Python source of the Triton module of ``routine``, partitioned into ``kernels``."""
+def emit_module(routine: RoutineIR, kernels: list[Kernel], options: Options = Options(),
+                plans: Sequence[Plan] | None = None) -> ModuleSource:
+    """The Python source of the Triton module of ``routine``, partitioned into ``kernels``,
+    planned as ``plans`` (one a kernel; by default each kernel's :func:`plan_kernel`)."""
     base = sanitize_identifier(routine.name) or "routine"
     options = replace(options, symbols=routine.static_symbols)
-    written = [_write(f"{base}_{number}", kernel, options) for number, kernel in enumerate(kernels)]
+    plans = [plan_kernel(k) for k in kernels] if plans is None else plans
+    written = [_write(f"{base}_{number}", kernel, plan, options)
+               for number, (kernel, plan) in enumerate(zip(kernels, plans))]
     launches = group(kernels, [source.grid for _, source in written])
     sources: list[KernelSource] = []
     writers: list[KernelWriter] = []
@@ -67,7 +75,7 @@ def emit_module(routine: RoutineIR, kernels: list[Kernel], options: Options = Op
             writers.append(writer)
             sources.append(source)
             continue
-        members = {k: _write(f"{base}_{k}", kernels[k], options, segment=True) for k in launch.kernels}
+        members = {k: _write(f"{base}_{k}", kernels[k], plans[k], options, segment=True) for k in launch.kernels}
         writers += [writer for writer, _ in members.values()]
         sources.append(_grouped(f"{base}_group{number}", launch, kernels,
                                 {k: source for k, (_, source) in members.items()}))
@@ -107,22 +115,22 @@ def emit_module(routine: RoutineIR, kernels: list[Kernel], options: Options = Op
                         frozenset().union(*(w.division_sites for w in writers)))
 
 
-def _write(name: str, kernel: Kernel, options: Options, segment: bool = False) -> tuple[KernelWriter, KernelSource]:
-    """``kernel`` planned and written (as a launch's device function when ``segment``)."""
-    plan = plan_kernel(kernel)
+def _write(name: str, kernel: Kernel, plan: Plan, options: Options,
+           segment: bool = False) -> tuple[KernelWriter, KernelSource]:
+    """``kernel`` written from ``plan`` (as a launch's device function when ``segment``), again
+    from a simpler plan while the writer finds the kernel could not use its plan
+    (:meth:`~ocannl.backends.triton.writer.KernelWriter.simpler_plan`)."""
     writer = WRITERS[type(plan)](name, kernel, plan, options, segment=segment)
     source = writer.emit()
-    if getattr(plan, "split", 1) > 1 and writer.split_last is None:
-        # The reduction the plan split could not be (writer.KernelWriter.splits): unsplit.
-        plan = plan_kernel(kernel, split=False)
-        writer = WRITERS[type(plan)](name, kernel, plan, options, segment=segment)
-        source = writer.emit()
-    if writer.rblock is not None and not writer.used_stages:
-        # Every inner loop ran sequentially: no inner tile, so no RBLOCK and a 1-D XBLOCK.
-        plan = plan_kernel(kernel, inner_tiles=False)
-        writer = WRITERS[type(plan)](name, kernel, plan, options, segment=segment)
+    while (simpler := writer.simpler_plan()) is not None:
+        writer = WRITERS[type(simpler)](name, kernel, simpler, options, segment=segment)
         source = writer.emit()
     return writer, source
+
+
+WRITERS: dict[type, type[KernelWriter]] = {FillPlan: FillKernelWriter, FlatPlan: FlatKernelWriter,
+                                           DotPlan: DotKernelWriter}
+"""The writer of each kind of plan."""
 
 
 def _argument(p: Param) -> object:

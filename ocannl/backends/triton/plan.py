@@ -12,8 +12,10 @@ kernels use ``tl.dot``) without generating text; the writers of emit.py render a
 * :class:`DotPlan`: a contraction's rows x columns in ``BLOCK_M x BLOCK_N`` tiles (times the
   batch), summed over ``BLOCK_K`` steps with ``tl.dot``.
 
-Block sizes come from the table in tiling.py; a contraction's may come from the autotuner
-(autotune.py: opt-in, on a GPU), which starts from that table.
+Planning is pure: block sizes come from the table in tiling.py unless the caller passes a
+contraction's. The autotuner (autotune.py: opt-in, on a GPU) is a pre-pass of
+``TritonBackend.compile`` that plans a contraction with each candidate's blocks, measures the
+written kernels and keeps the fastest plan; nothing here measures or writes code.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from ocannl.lowlevel.ir import Expr, Fill, For, Load, SetLocal, Stmt, Store, ite
 from ocannl.lowlevel.tnode import TNode
 
 from ocannl.backends.partition import Kernel
-from ocannl.backends.triton import autotune, tiling
+from ocannl.backends.triton import tiling
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -171,11 +173,13 @@ class DotPlan:
 Plan = FillPlan | FlatPlan | DotPlan
 
 
-def plan_kernel(kernel: Kernel, inner_tiles: bool = True, split: bool = True) -> Plan:
+def plan_kernel(kernel: Kernel, inner_tiles: bool = True, split: bool = True,
+                dot_blocks: tiling.DotBlocks | None = None) -> Plan:
     """The plan of ``kernel``. ``inner_tiles=False`` plans a flat kernel without ``RBLOCK``
     tiles, for a kernel whose inner loops all turned out to run sequentially; ``split=False``
     one whose longest reduction is not split, for a kernel the writer found it could not split
-    (writer.py, ``KernelWriter.splits``)."""
+    (flat.py, ``FlatKernelWriter.splits``). ``dot_blocks`` are a contraction's blocks in place of
+    the table's (a candidate of the autotuner)."""
     if kernel.tiling == "fill":
         fills: dict[TNode, Fill] = {}
         for f in kernel.fills:
@@ -190,9 +194,9 @@ def plan_kernel(kernel: Kernel, inner_tiles: bool = True, split: bool = True) ->
         batch, k = tuple(extent[s] for s in c.batch), tuple(e for _, e in c.k)
         a16, b16 = sixteen_bit_load(c.a), sixteen_bit_load(c.b)
         sixteen = a16 if a16 is not None and a16 is b16 else None
-        blocks = autotune.dot_blocks(kernel, math.prod(rows), math.prod(cols), math.prod(k), math.prod(batch),
-                                     sixteen.name if sixteen is not None else "float32")
-        if blocks.split_k > 1 and _accumulator_dtype(c.accumulator) is not dtypes.float32:
+        blocks = dot_blocks or tiling.dot_blocks(math.prod(rows), math.prod(cols), math.prod(k), sixteen is not None,
+                                                 math.prod(batch))
+        if blocks.split_k > 1 and accumulator_dtype(c.accumulator) is not dtypes.float32:
             blocks = replace(blocks, split_k=1)  # split-K's partial tiles are float32
         return DotPlan(rows, cols, batch, k, sixteen, blocks)
     numel = math.prod(kernel.extents)
@@ -208,7 +212,8 @@ def plan_kernel(kernel: Kernel, inner_tiles: bool = True, split: bool = True) ->
     return replace(plan, split=_ceil_div(inner, plan.slice_terms))  # no empty last slice
 
 
-def _accumulator_dtype(target: Store | SetLocal) -> DType:
+def accumulator_dtype(target: Store | SetLocal) -> DType:
+    """The type a reduction accumulates in: its cell's node's, or its local's."""
     return target.tnode.dtype if isinstance(target, Store) else target.local.dtype
 
 

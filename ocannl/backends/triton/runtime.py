@@ -21,11 +21,11 @@
   launch goes through the JIT (there is no compiled kernel).
 * **Error flags.** A gather or scatter position outside its axis, an index symbol without a
   size past its axis, or an integer divisor of zero, raises the routine's error flag on the
-  device to the number of the failed check (writer.py, ``KernelWriter.site``). Flags are read,
+  device to the number of the failed check (writer.py, ``ExpressionWriter.site``). Flags are read,
   and :class:`~ocannl.errors.OutOfBoundsError` (:class:`~ocannl.errors.IntegerDivisionError`)
   raised naming the routine and the check, by :meth:`TorchBuffers.check_errors`: right after each
   ``run()`` of a routine with checks (which then waits for the GPU, and restores its buffers if
-  it failed: ocannl/backends/base.py, ``Routine``), when a value is read back
+  it failed: ocannl/backends/routine.py, ``Routine``), when a value is read back
   (``Context.get``, ``Tensor.numpy``, through :meth:`TorchBuffers.to_host`), by
   :meth:`TorchBuffers.synchronize`, at the start of a ``run_many`` (errors of earlier runs) and
   at its end (naming the first failing step, whose changes the routine undoes).
@@ -289,7 +289,7 @@ class TritonExecutable:
     # -- launches ----------------------------------------------------------------------------
 
     def prepare(self, buffers: Mapping[TNode, Any]) -> Callable[[Mapping[IndexSymbol, int]], None]:
-        """``run`` over ``buffers``, its kernel calls built now (ocannl/backends/base.py, ``Executable``)."""
+        """``run`` over ``buffers``, its kernel calls built now (ocannl/backends/protocols.py, ``Executable``)."""
         self._bind(buffers)
         return functools.partial(self.run, buffers)
 
@@ -335,7 +335,7 @@ class TritonExecutable:
 
     def run_many(self, buffers: Mapping[TNode, Any], symbols: Sequence[IndexSymbol], steps: np.ndarray,
                  records: Sequence[TNode]) -> list[np.ndarray]:
-        """The steps launched from Python (ocannl/backends/base.py, ``run_steps``) without waiting
+        """The steps launched from Python (ocannl/backends/routine.py, ``run_steps``) without waiting
         for the device: the steps' symbol values go to the device at once, one row per step
         copied into the table before it; each recorded tensor is copied on the device after every
         step; the host reads the records and the error flags once, at the end, and an error names

@@ -1,0 +1,257 @@
+"""The loops of the C backend's packed GEMM around its micro-kernels (``gemm.py``): a
+:class:`~ocannl.lowlevel.cpu_schedule.GemmPlan` printed as BLIS's loop nest cut into units of
+work (docs/codegen.md, "Packed GEMM"). The walk (``ocannl/backends/codegen.py``) calls
+:func:`print_gemm` through :class:`~ocannl.backends.c.gemm.CGemm` for a contraction its
+:class:`~ocannl.lowlevel.cpu_schedule.NestPlan` runs packed; every size and the thread decision
+come from the plan.
+
+A unit of work is ``nc`` columns by a share of the rows (all of them on one thread), for each
+iteration of the loops around the GEMM (a batch). A unit packs the panel of B of each ``kc``
+panel of the reduction, in order, then for each ``mc`` of its rows the block of A, and runs the
+micro-kernel over the block's tiles. Threads take units as they finish others and never wait for
+each other (a core that another process slows down does fewer units); a cell is computed by one
+unit, its panels in order, so the result does not depend on the threads. Operands are read
+through their loads as the loop IR writes them (any strides: a transposed operand is packed as
+it is read). Each thread takes its packing buffers from the heap (up to hundreds of KiB: a
+caller's thread may have a small stack); when that fails the routine reports it as a failed
+check, and the thread computes no unit. A reset of the cells is the micro-kernel's start on the
+first panel (``fresh``, ``gemm.py``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from ocannl.lowlevel import dtypes
+from ocannl.lowlevel.cpu_schedule import ContractionPlan, GemmPlan, Loops
+from ocannl.lowlevel.identifiers import comment_text
+from ocannl.lowlevel.ir import Binary, Load, format_expr, format_stmt
+from ocannl.lowlevel.scalar_ops import Binop
+
+if TYPE_CHECKING:
+    from ocannl.backends.c.gemm import CGemm
+    from ocannl.backends.codegen import Emitter
+
+
+def print_gemm(emitter: Emitter, target: CGemm, plan: ContractionPlan) -> None:
+    """Prints ``plan`` (its :attr:`~ContractionPlan.gemm` set) through ``emitter``: a comment
+    naming the product, then the parallel region (or block) of its units of work."""
+    _GemmPrinter(emitter, target, plan).print()
+
+
+def gemm_comment(emitter: Emitter, plan: ContractionPlan) -> str:
+    """The comment before a packed GEMM: the product it computes, its tiles and blocks."""
+    g, store, namer = plan.gemm, plan.store, emitter.namer
+    term = format_expr(Binary(Binop.MUL, *((g.a, g.b) if g.a_first else (g.b, g.a))), namer)
+    terms = ", ".join(f"{namer.symbol(s)} < {n}" for s, n in g.k)
+    cell = format_expr(Load(store.tnode, store.indices), namer)
+    what = f"{cell} := {cell} + sum of {term} over {terms}"
+    if plan.scope is not None:
+        consumer = format_stmt(store, namer).rstrip(";")
+        what = f"{consumer}, where {namer.local(plan.scope.local)} sums {term} over {terms}"
+    order = (f"each block of {g.block} terms sums from zero, then adds to the cell */" if g.block
+             else "each cell sums in loop order */")
+    return (f"/* {comment_text(what)}, as a packed GEMM: {g.mr}x{g.nr} micro-kernel, "
+            f"cache blocks mc x kc x nc = {g.mc} x {g.kc} x {g.nc}; " + order)
+
+
+def _minimum(a: str, b: str) -> str:
+    return f"{a} < {b} ? {a} : {b}"
+
+
+def _digits(loops: Loops, flat: str) -> dict:
+    """The walk's texts of ``loops`` as the row-major digits of the flat index ``flat``."""
+    texts = {}
+    stride = 1
+    for position, (s, n) in reversed(list(enumerate(loops))):
+        if len(loops) == 1:
+            text = flat
+        elif stride == 1:
+            text = f"({flat} % {n})"
+        elif position == 0:
+            text = f"({flat} / {stride})"
+        else:
+            text = f"({flat} / {stride} % {n})"
+        texts[s] = (text, 0)
+        stride *= n
+    return texts
+
+
+class _GemmPrinter:
+    """The sizes of one packed GEMM, clipped to its product, and the printing of its loops."""
+
+    def __init__(self, emitter: Emitter, target: CGemm, plan: ContractionPlan):
+        g: GemmPlan = plan.gemm
+        self.e, self.target, self.plan, self.g = emitter, target, plan, g
+        self.it = emitter.syntax.index_type
+        self.m, self.n, self.n_k = g.m, g.n, g.depth
+        self.kc, self.nc = min(g.kc, self.n_k), min(g.nc, -(-self.n // g.nr) * g.nr)
+        self.mc = min(g.mc, -(-self.m // g.mr) * g.mr)
+        self.kernel = target.kernel_name(g.kernel)
+        syn = emitter.syntax
+        self.zero, self.real = syn.literal(0.0, dtypes.float32), syn.compute_type(dtypes.float32)
+        self.resets = plan.reset is not None and plan.scope is None
+        # The micro-kernel's fresh and start arguments: the cells' reset on the first panel.
+        self.fresh, self.start = ("_pc == 0", emitter.reset_value(plan)) if self.resets else ("0", self.zero)
+        self.panel_b = -(-self.kc * self.nc // 16) * 16  # the block of A starts 64-byte aligned
+        self.loops = [f"for ({self.it} {s} = 0; {s} < {extent}; ++{s})"
+                      for s, extent in ((emitter.namer.symbol(s), extent) for s, extent in g.outer)]
+        self.loops += [f"for ({self.it} _jc = 0; _jc < {self.n}; _jc += _nb)",
+                       f"for ({self.it} _iu = 0; _iu < {self.m}; _iu += _mu)"]
+
+    def print(self) -> None:
+        g, e = self.g, self.e
+        e.line(gemm_comment(e, self.plan))
+        where = format_stmt(self.plan.store, e.namer).rstrip(";")
+        site = e.site("memory", f"no memory for a thread's packing buffers ({(self.panel_b + self.mc * self.kc) * 4} "
+                                f"bytes) of the product in `{where}`")
+        with e.known_extents(dict((*g.rows, *g.cols, *g.k, *g.outer))):
+            self.block("", lambda: self.region(site), self.target.parallel_region if g.parallel else None)
+
+    def block(self, header: str, body: Callable[[], None], pragma: str | None = None) -> None:
+        if pragma:
+            self.e.line(pragma)
+        self.e.line(f"{header} {{" if header else "{")
+        with self.e.indented():
+            body()
+        self.e.line("}")
+
+    def region(self, site: int) -> None:
+        """What every thread runs: its buffers, its share of the units, their loops."""
+        e, it = self.e, self.it
+        e.line("/* this thread's packed panel of B, then its packed block of A */")
+        e.line(self.target.allocate("_pb", self.panel_b + self.mc * self.kc))
+        e.line(f"if (!_pb) {self.target.report(site)}")
+        if self.g.parallel:
+            self.thread_shares()
+        else:
+            e.line(f"const {it} _mu = {self.m}, _nb = {self.nc};")
+        self.units()
+        e.line(self.target.release("_pb"))
+
+    def thread_shares(self) -> None:
+        """The units: two per thread, ``_ru`` row shares by ``_cu`` column shares. A unit packs
+        the rows of the left operand in its share and the columns of the right one in its, so
+        the operands are packed ``_cu * m + _ru * n`` values per term in all: the split that packs
+        least (all columns to a unit when the rows are few, as in a batch of 64 against 256
+        columns; halves of each for a square)."""
+        e, it, m, n, g = self.e, self.it, self.m, self.n, self.g
+        for line in self.target.thread_count("_nt"):
+            e.line(line, indent=not line.startswith("#"))  # preprocessor lines start in the first column
+        e.line("/* two units of work per thread (a thread another process slows down leaves its units")
+        e.line("   to the others): _ru shares of the rows by _cu of the columns, packing the least */")
+        e.line(f"{it} _ru = 1;")
+        e.line(f"for ({it} _r = 2, _u = 2*_nt; _r <= _u; ++_r)")
+        e.line(f"  if (((_u + _r - 1) / _r) * {m} + _r * {n} < ((_u + _ru - 1) / _ru) * {m} + _ru * {n}) _ru = _r;")
+        e.line(f"const {it} _cu = (2*_nt + _ru - 1) / _ru;")
+        rows = f"(({m} + _ru - 1) / _ru + {g.mr - 1}) / {g.mr} * {g.mr}"  # whole tiles
+        cols = f"(({n} + _cu - 1) / _cu + {g.nr - 1}) / {g.nr} * {g.nr}"  # whole strips
+        e.line(f"const {it} _mu = _nt == 1 ? {m} : {rows}, _nb = _nt == 1 || {cols} > {self.nc} ? {self.nc} : {cols};")
+        e.line("/* units of columns and rows, each packing its own panels; no thread waits for another */")
+        e.line(self.target.work_shared_for(len(self.loops)))
+
+    def units(self, depth: int = 0) -> None:
+        if depth < len(self.loops):
+            self.block(self.loops[depth], lambda: self.units(depth + 1))
+            return
+        e, it = self.e, self.it
+        e.line("if (!_pb) continue;  /* no buffers: the failure is reported */")
+        e.line(f"{self.real} *const _pa = _pb + {self.panel_b};")
+        e.line(f"const {it} _nc = {_minimum(f'{self.n} - _jc', '_nb')}, _mend = {_minimum('_iu + _mu', str(self.m))};")
+        self.block(f"for ({it} _pc = 0; _pc < {self.n_k}; _pc += {self.kc})", self.panel)
+
+    def panel(self) -> None:
+        """One ``kc`` panel of the reduction: its panel of B packed, then each block of rows."""
+        e, it, nr = self.e, self.it, self.g.nr
+        e.line(f"const {it} _kc = {_minimum(f'{self.n_k} - _pc', str(self.kc))};")
+        e.line(f"/* pack B: the panel's columns in strips of {nr}, k after k */")
+        self.strips("_pb", "_jr", "_jc", "_nc", "_w", self.g.b, nr, self.g.cols)
+        self.block(f"for ({it} _ic = _iu; _ic < _mend; _ic += {self.mc})", self.tiles)
+
+    def tiles(self) -> None:
+        """One ``mc`` block of rows: its block of A packed, then the micro-kernel over its tiles."""
+        e, it, mr, nr = self.e, self.it, self.g.mr, self.g.nr
+        e.line(f"const {it} _mcc = {_minimum('_mend - _ic', str(self.mc))};")
+        e.line(f"/* pack A: the block's rows in strips of {mr}, k after k */")
+        self.strips("_pa", "_ir", "_ic", "_mcc", "_h", self.g.a, mr, self.g.rows)
+        e.line(f"/* the micro-kernel over the block's {mr}x{nr} tiles */")
+        self.block(f"for ({it} _jr = 0; _jr < _nc; _jr += {nr})",
+                   lambda: self.block(f"for ({it} _ir = 0; _ir < _mcc; _ir += {mr})", self.tile))
+
+    def strips(self, buffer: str, offset: str, first: str, count: str, span: str, factor: Load, width: int,
+               along: Loops) -> None:
+        """Packs ``count`` rows or columns of ``factor`` from ``first`` on (the flat index of the
+        loops ``along``) into ``buffer``, in strips of ``width`` (the loop variable ``offset``;
+        ``span``: the strip's rows or columns, fewer at the edge)."""
+        e, it = self.e, self.it
+
+        def strip() -> None:
+            e.line(f"{self.real} *_strip = {buffer} + {offset}*_kc;")
+            e.line(f"const {it} _start = {first} + {offset}, {span} = {_minimum(f'{count} - {offset}', str(width))};")
+            self.pack("_strip", factor, width, span, along)
+
+        self.block(f"for ({it} {offset} = 0; {offset} < {count}; {offset} += {width})", strip)
+
+    def pack(self, buffer: str, factor: Load, width: int, span: str, along: Loops) -> None:
+        """``buffer[k*width + q] = factor`` at the flat index ``start + q`` of the loops
+        ``along`` for ``q < span`` and the ``k`` of the panel, zero for ``span <= q < width``: one
+        packed strip, written in order (``k`` outside, ``q`` inside: an operand contiguous along
+        ``k`` is read ``width`` rows at a time, each row's cache lines staying in L1 for the next
+        ``k``). A whole strip's inner loop has a constant trip count, which the compiler unrolls
+        or vectorizes."""
+        e, it = self.e, self.it
+        with e.symbol_texts({**_digits(along, "_at"), **_digits(self.g.k, "_kk")}):
+            def cell() -> None:
+                e.line(f"const {it} _at = _start + _q, _kk = _pc + _k;")
+                e.line(f"{buffer}[{width}*_k + _q] = {e.expr(factor)};")
+
+            def strip(count: str) -> None:
+                self.block(f"for ({it} _k = 0; _k < _kc; ++_k)",
+                           lambda: self.block(f"for ({it} _q = 0; _q < {count}; ++_q)", cell))
+
+            e.line(f"if ({span} == {width}) {{")
+            with e.indented():
+                strip(str(width))
+            e.line("} else {")
+            with e.indented():
+                strip(span)
+                padding = f"for ({it} _q = {span}; _q < {width}; ++_q) {buffer}[{width}*_k + _q] = {self.zero};"
+                self.block(f"for ({it} _k = 0; _k < _kc; ++_k)", lambda: e.line(padding))
+            e.line("}")
+
+    def tile(self) -> None:
+        """One micro-kernel call: into the result where the tile is whole and the result's
+        columns are contiguous, else into a buffer whose cells are then stored one by one."""
+        e, g, plan, it = self.e, self.g, self.plan, self.it
+        out, idx = plan.store.tnode, plan.store.indices
+        e.line(f"const {self.real} *_ap = _pa + _ir*_kc, *_bp = _pb + _jr*_kc;")
+        e.line(f"const {it} _h = {_minimum('_mcc - _ir', str(g.mr))}, _w = {_minimum('_nc - _jr', str(g.nr))};")
+        direct = plan.scope is None and g.c_strides is not None and g.c_strides[1] == 1
+        if direct:
+            with e.symbol_texts({**_digits(g.rows, "(_ic + _ir)"), **_digits(g.cols, "(_jc + _jr)")}):
+                corner = e.access(out, idx)
+            e.line(f"if (_h == {g.mr} && _w == {g.nr}) {{")
+            with e.indented():
+                e.line(f"{self.kernel}(_kc, _ap, _bp, &{corner}, {g.c_strides[0]}, {self.fresh}, {self.start});")
+                e.line("continue;")
+            e.line("}")
+        e.line(f"/* {'an edge tile: its cells' if direct else 'the tile'} through a buffer */")
+        e.line(f"{self.real} _t[{g.mr * g.nr}] = {{0}};")
+        with e.symbol_texts({**_digits(g.rows, "(_ic + _ir + _r)"), **_digits(g.cols, "(_jc + _jr + _q)")}):
+            self.tile_through_buffer()
+
+    def tile_through_buffer(self) -> None:
+        e, g, plan, it = self.e, self.g, self.plan, self.it
+        out, idx, nr = plan.store.tnode, plan.store.indices, g.nr
+        if plan.scope is not None:
+            first = e.syntax.literal(plan.init.value if plan.init is not None else 0.0, dtypes.float32)
+        else:
+            first = e.cell_start(plan, "_pc == 0" if self.resets else None)
+        cells = f"for ({it} _r = 0; _r < _h; ++_r) for ({it} _q = 0; _q < _w; ++_q)"
+        e.line(f"{cells} _t[{nr}*_r + _q] = {first};")
+        e.line(f"{self.kernel}(_kc, _ap, _bp, _t, {nr}, 0, {self.zero});")
+        if plan.scope is None:
+            e.line(f"{cells} {e.access(out, idx)} = {e.syntax.to_storage(out.dtype, f'_t[{nr}*_r + _q]')};")
+            return
+        with e.scope_value(plan.scope, f"_t[{nr}*_r + _q]"):
+            self.block(cells, lambda: e.with_prelude(lambda: f"{e.access(out, idx)} = {e.stored(out, plan.store.value)};"))
