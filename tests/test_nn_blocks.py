@@ -69,6 +69,15 @@ def torch_grads(y: torch.Tensor, weights: np.ndarray, wrt: list[torch.Tensor]) -
     return [t.grad for t in wrt]
 
 
+def assert_matches_torch(value: np.ndarray, grad: np.ndarray, ref: torch.Tensor, wrt: torch.Tensor,
+                         weights: np.ndarray, what: str) -> None:
+    """``value`` and the gradient ``grad`` of ``sum(value * weights)`` equal PyTorch's ``ref`` and
+    its gradient with respect to ``wrt`` (:func:`assert_close`)."""
+    (ref_grad,) = torch_grads(ref, weights, [wrt])
+    assert_close(value, ref, what)
+    assert_close(grad, ref_grad, f"{what}: the gradient")
+
+
 def leaf(values: np.ndarray) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float64, requires_grad=True)
 
