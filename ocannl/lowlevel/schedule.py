@@ -264,13 +264,9 @@ def blocked_reduction_of(stmt: Stmt) -> Reduction | None:
             return None
         reset = steps.pop(0)
     elif len(steps) == 1 and isinstance(steps[0], Store) and (steps[0].tnode, steps[0].indices) == (out, idx):
-        scopes = [e for e in iter_exprs(steps[0].value) if isinstance(e, LocalScope)]
-        if len(scopes) != 1 or steps[0].skip_oob or any(
-            isinstance(e, GetLocal) or (isinstance(e, (Load, LoadDynamic)) and e.tnode is out)
-            for e in iter_exprs(steps[0].value)
-        ):
+        scope = _consumer_scope(steps[0])
+        if scope is None:
             return None
-        scope = scopes[0]
         init, steps = _start_and_steps(scope)
     updates: list[SetLocal] = []  # the statements adding a term to a block sum
 
@@ -315,6 +311,18 @@ def blocked_reduction_of(stmt: Stmt) -> Reduction | None:
     update = updates[0]
     return Reduction(store, update.value.op, update.value.b, tuple(chain[:depth]), reset=reset, reset_depth=depth,
                      scope=scope, init=init, blocks=blocks)
+
+
+def _consumer_scope(store: Store) -> LocalScope | None:
+    """The one local scope of a store's value that holds the reduction inlined into its consumer,
+    when the value reads no other local and not the stored node itself."""
+    scopes = [e for e in iter_exprs(store.value) if isinstance(e, LocalScope)]
+    if len(scopes) != 1 or store.skip_oob or any(
+        isinstance(e, GetLocal) or (isinstance(e, (Load, LoadDynamic)) and e.tnode is store.tnode)
+        for e in iter_exprs(store.value)
+    ):
+        return None
+    return scopes[0]
 
 
 def block_terms(blocks: Stmt) -> int:
