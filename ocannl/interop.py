@@ -14,16 +14,23 @@ cupy array on the host, anything with ``__array__``) and keeps its precision: a 
 tensor becomes a float64 tensor. Plain numpy arrays and nested lists keep numpy's conventions
 instead (float data becomes float32 unless ``dtype=`` says otherwise), because numpy's float64
 default is rarely a choice the user made.
+
+Weights: ``load_torch_state_dict(model, torch_module.state_dict())`` gives a model's parameters
+the values of a PyTorch state dict, converting PyTorch's layouts to ocannl's (docs/training.md,
+"Weights from PyTorch").
 """
 
 from __future__ import annotations
 
+import math
 import numbers
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from ocannl.backends.session_state import session_state
+from ocannl.errors import CheckpointError, ShapeError
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.dtypes import DType
 
@@ -111,3 +118,142 @@ def _check_exportable(t) -> None:
         raise dtypes.DTypeError(
             f"tensor {t.label!r} is bfloat16, which DLPack consumers on the host cannot read here (ocannl "
             f"stores it as uint16 bit patterns); read its values as float32 with {t.label}.numpy()")
+
+
+def parameters(model_or_params) -> list:
+    """The parameters of a block (an object with ``.params``, as ``oc.save`` reads blocks), of a
+    parameter, or of a list or tuple of these, nested as deep as need be, in order, each once (a
+    weight two blocks share counts once): what ``nn.summary`` lists and
+    :func:`load_torch_state_dict` fills. Tensors are recognised by their ``is_param``, since this
+    module sits below ``ocannl/tensor.py``. Anything else is a ``TypeError`` saying what is
+    accepted."""
+    found: dict[int, Any] = {}
+
+    def add(item) -> None:
+        if isinstance(getattr(type(item), "is_param", None), property):  # a tensor
+            if not item.is_param:
+                raise TypeError(f"{item.label!r} ({item.op}) is not a parameter: give blocks (objects with "
+                                f".params) or parameters made with oc.param")
+            found.setdefault(id(item), item)
+        elif isinstance(getattr(item, "params", None), (list, tuple)):
+            for p in item.params:
+                add(p)
+        elif isinstance(item, (list, tuple)):
+            for x in item:
+                add(x)
+        else:
+            raise TypeError(f"expected a block (an object with .params), a parameter or a list of them, "
+                            f"got {type(item).__name__}")
+
+    add(model_or_params)
+    return list(found.values())
+
+
+TORCH_LAYOUTS = ("channels_first", "row_major")
+"""How a PyTorch weight orders the axes a parameter calls its input axes. ``channels_first``:
+channels, then the spatial axes (a ``Conv2d`` weight ``[oc, ic, kh, kw]``, or a ``Linear``
+weight reading a conv's output through ``torch.flatten``, whose columns run over ``(c, h, w)``),
+where ocannl puts the channels last (``nn.conv2d``'s kernel ``[oc, kh, kw, ic]``, its output
+``... | h, w, c``). ``row_major``: the parameter's own order, possibly flattened (a ``Linear``
+weight ``[out, in]``, an attention projection ``[heads * d, d_model]``)."""
+
+
+def load_torch_state_dict(params, state_dict: Mapping[str, Any], mapping: Mapping[str, Any] | None = None) -> None:
+    """Give the parameters of ``params`` (a block, a parameter or a list of them:
+    :func:`parameters`) the values of a PyTorch ``state_dict`` (``module.state_dict()``: torch
+    tensors or numpy arrays by key), converted to ocannl's layouts (:func:`from_torch_layout`)
+    and to each parameter's precision.
+
+    Without ``mapping`` the parameters pair with the entries in order: PyTorch's registration
+    order, which for an ``nn.Sequential`` of the same layers is the ocannl model's ``.params``
+    order (``nn.linear``: weight, bias; ``nn.mlp`` ends in a weight without a bias), and the
+    counts must agree. ``mapping`` maps a parameter's label to its key, or to a pair ``(key,
+    layout)`` naming the entry's layout (:data:`TORCH_LAYOUTS`) where its shape cannot tell:
+    then every parameter given needs an entry; keys it does not name are left alone. Every value
+    is read and checked before any is assigned: a missing key or a shape that does not map is an
+    error naming the parameter and the entry, and nothing changes. Dims are inferred from use:
+    call the model once before loading into it."""
+    targets = parameters(params)
+    converted = []
+    for p, key, layout in _paired_keys(targets, state_dict, mapping):
+        value = state_dict[key]
+        value = value.detach() if callable(getattr(value, "detach", None)) else value  # named_parameters() too
+        converted.append((p, from_torch_layout(p, key, host_array(value, f"state dict entry {key!r}"), layout)))
+    for p, values in converted:
+        p.set(values)
+
+
+def _paired_keys(targets: list, state_dict: Mapping[str, Any],
+                 mapping: Mapping[str, Any] | None) -> list[tuple[Any, str, str | None]]:
+    """Each parameter with its state-dict key and layout (``None``: told by the shape)."""
+    keys = list(state_dict)
+    labels = [p.label for p in targets]
+    if mapping is None:
+        if len(keys) != len(targets):
+            raise CheckpointError(
+                f"load_torch_state_dict: {len(targets)} parameters ({', '.join(labels)}) but {len(keys)} state-dict "
+                f"entries ({', '.join(keys)}); without mapping= they pair in order, so the counts must agree: pass "
+                f"mapping={{parameter label: state-dict key}}")
+        return [(p, key, None) for p, key in zip(targets, keys)]
+    repeated = sorted({label for label in labels if labels.count(label) > 1})
+    unknown = [label for label in mapping if label not in labels]
+    unmapped = [label for label in labels if label not in mapping]
+    for problem, names in (("names no parameter given", unknown), ("has no entry for", unmapped),
+                           ("cannot tell apart the parameters labelled", repeated)):
+        if names:
+            raise CheckpointError(f"load_torch_state_dict: mapping {problem} {', '.join(map(repr, names))} (the "
+                                  f"parameters: {', '.join(labels)}); map each parameter's label to a state-dict key")
+    paired = []
+    for p in targets:
+        key, layout = mapping[p.label] if isinstance(mapping[p.label], tuple) else (mapping[p.label], None)
+        if key not in state_dict:
+            raise CheckpointError(f"load_torch_state_dict: mapping gives parameter {p.label!r} the key {key!r}, which "
+                                  f"the state dict lacks (its keys: {', '.join(keys)})")
+        if layout not in (None, *TORCH_LAYOUTS):
+            raise ValueError(f"load_torch_state_dict: layout {layout!r} of {p.label!r}: use one of "
+                             f"{', '.join(TORCH_LAYOUTS)}")
+        paired.append((p, key, layout))
+    return paired
+
+
+def from_torch_layout(p, key: str, array: np.ndarray, layout: str | None = None) -> np.ndarray:
+    """``array``, state-dict entry ``key``, as parameter ``p``'s values: of ``p.dims`` (output
+    axes, then input axes) and ``p``'s precision. ``layout`` (:data:`TORCH_LAYOUTS`) says how
+    PyTorch ordered the input axes; left out, the shape tells: a parameter with several input
+    axes whose entry has PyTorch's unflattened channels-first shape (a conv weight) is
+    ``channels_first``, an entry of ``p.dims`` or with only one input axis to order is
+    ``row_major``, and an entry flattening several input axes (a classifier after
+    ``torch.flatten``) could be either, so it is an error asking for the layout. Any layout also
+    takes the entry with its input axes flattened into one, and its output axes too."""
+    dims = p.dims
+    output, input_ = tuple(p.shape.output), tuple(p.shape.input)
+    reordered = len(input_) >= 2  # with one input axis or none, both layouts are the parameter's own
+    channels_first = output + (input_[-1],) + input_[:-1] if reordered else dims
+    flattened = {output + (math.prod(input_),), (math.prod(output), math.prod(input_))} if input_ else set()
+    shape = tuple(array.shape)
+    allowed = {"channels_first": {channels_first} | flattened, "row_major": {dims} | flattened}
+
+    def describe() -> str:
+        return (f"state-dict entry {key!r} of shape {shape} onto parameter {p.label!r} of dims {dims} (output "
+                f"{output}, input {input_})")
+
+    if layout is None:
+        if reordered and shape == channels_first:
+            layout = "channels_first"
+        elif shape == dims or (shape in flattened and not reordered):
+            layout = "row_major"
+        elif shape in flattened:
+            raise ShapeError(
+                f"load_torch_state_dict: {describe()}: the entry flattens the {len(input_)} input axes, in an order "
+                f"its shape cannot tell; say which in mapping: {{{p.label!r}: ({key!r}, 'channels_first')}} for a "
+                f"layer after torch.flatten of a convolution's output, ({key!r}, 'row_major') when PyTorch orders "
+                f"them as ocannl does")
+    if layout is None or shape not in allowed[layout]:
+        shapes = sorted(allowed[layout] if layout else allowed["channels_first"] | allowed["row_major"])
+        raise ShapeError(f"load_torch_state_dict: cannot map {describe()}"
+                         + (f" as {layout}" if layout else "") + f": it takes the shapes {', '.join(map(str, shapes))}")
+    if layout == "channels_first" and reordered:
+        array = np.moveaxis(array.reshape(channels_first), len(output), -1)
+    values = np.ascontiguousarray(array).reshape(dims)
+    what = f"parameter {p.label!r} from state-dict entry {key!r}"
+    return dtypes.from_storage(p.dtype, dtypes.to_storage(p.dtype, values, what))

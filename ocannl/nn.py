@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ocannl import init, ops, random
+from ocannl import init, interop, ops, random
 from ocannl.errors import ShapeError
 from ocannl.lowlevel.assignments import Accum, Apply, Arg, Assignment, Block
 from ocannl.lowlevel.scalar_ops import Binop, Unop
@@ -33,16 +33,17 @@ from ocannl.tensor import Tensor, as_tensor, param, tensor
 
 class mlp:  # noqa: N801 - a factory named as the catalog names it
     """A multi-layer perceptron: ``relu(w_i @ h + b_i)`` per hidden layer, then ``w_out @ h``
-    (no output bias, as the original ``mlp``). Input dims of every weight and the output dims of
-    ``w_out`` are inferred from use."""
+    (no output bias, as the original ``mlp``). Input dims of every weight are inferred from use;
+    so are the output dims of ``w_out`` unless ``out`` (an int or a tuple) fixes them, as a block
+    used alone, whose result nothing else constrains, needs."""
 
-    def __init__(self, hid_dims: Sequence[int], label: str = "mlp"):
+    def __init__(self, hid_dims: Sequence[int], out: int | Sequence[int] | None = None, label: str = "mlp"):
         self.label = label
         self.layers = [
             (param(f"{label}_w{i + 1}", output=d), param(f"{label}_b{i + 1}", output=d, init=0.0))
             for i, d in enumerate(hid_dims)
         ]
-        self.w_out = param(f"{label}_w_out")
+        self.w_out = param(f"{label}_w_out", output=out)
 
     @property
     def params(self) -> list[Tensor]:
@@ -450,3 +451,29 @@ class transformer_block:  # noqa: N801
             mask = causal_mask(seq_len)
         h = x + self.attention(self.norm1(x), mask)
         return h + self.ff2(ops.relu(self.ff1(self.norm2(h))))
+
+
+def summary(model_or_params) -> str:
+    """A table of the parameters of a block or a list of them (``interop.parameters``): a line per
+    parameter with its label, dims (memory order: output then input axes), precision and count
+    of values, ``frozen`` after a parameter made with ``trainable=False``; then the total count,
+    and the trainable count when some are frozen. Dims are inferred from use: call the model
+    once first (an error names a parameter whose dims are not known yet)."""
+    params = interop.parameters(model_or_params)
+    rows = [(p.label, str(p.dims), p.dtype.name, f"{math.prod(p.dims):,}", "" if p.trainable else "frozen")
+            for p in params]
+    total = sum(math.prod(p.dims) for p in params)
+    trainable = sum(math.prod(p.dims) for p in params if p.trainable)
+    footer = [("total", "", "", f"{total:,}", "")]
+    if trainable != total:
+        footer.append(("trainable", "", "", f"{trainable:,}", ""))
+    table = [("parameter", "dims", "precision", "count", "")] + rows + footer
+    widths = [max(len(row[k]) for row in table) for k in range(4)]
+
+    def line(row) -> str:
+        label, dims, precision, count, note = row
+        text = (f"{label:<{widths[0]}}  {dims:<{widths[1]}}  {precision:<{widths[2]}}  "
+                f"{count:>{widths[3]}}  {note}")
+        return text.rstrip()
+
+    return "\n".join(map(line, table))

@@ -149,6 +149,13 @@ class Tensor:
         return self._shape.is_param
 
     @property
+    def trainable(self) -> bool:
+        """A parameter that training updates: every parameter unless made with
+        ``oc.param(..., trainable=False)`` (docs/training.md, "Frozen parameters"). A frozen one
+        is read like data: it gets no gradient node, so the optimizers leave it unchanged."""
+        return self.is_param and self.attrs.get("trainable", True)
+
+    @property
     def shape(self) -> ShapeView:
         solver_mod.current().resolve_shape(self._shape)
         return ShapeView(self._shape)
@@ -202,9 +209,10 @@ class Tensor:
 
     @property
     def requires_grad(self) -> bool:
-        """Float parameters, and float results of differentiable ops with a differentiable
-        operand. Data, constants, index embeddings, comparisons and integer tensors (an int32
-        parameter included, as PyTorch refuses gradients to integers) get no gradient node."""
+        """Float trainable parameters, and float results of differentiable ops with a
+        differentiable operand. Data, constants, index embeddings, comparisons, frozen parameters
+        and integer tensors (an int32 parameter included, as PyTorch refuses gradients to
+        integers) get no gradient node."""
         if self._requires_grad is None:
             # Operands first, in creation order, without recursion: a chain of thousands of ops
             # must not exhaust the Python stack.
@@ -212,7 +220,7 @@ class Tensor:
                 if not u.dtype.is_float:
                     u._requires_grad = False
                 elif u.is_param:
-                    u._requires_grad = True
+                    u._requires_grad = u.trainable
                 elif u.definition is None or u.definition.gradient is None:
                     u._requires_grad = False
                 else:
@@ -223,7 +231,9 @@ class Tensor:
     def grad(self) -> TNode:
         """The buffer of this tensor's gradient (``w.grad.numpy()`` reads it)."""
         if not self.requires_grad:
-            raise SessionError(f"tensor {self.label!r} ({self.op}) is not differentiable: it has no gradient")
+            frozen = self.is_param and not self.trainable
+            why = "a frozen parameter (trainable=False)" if frozen else "not differentiable"
+            raise SessionError(f"tensor {self.label!r} ({self.op}) is {why}: it has no gradient")
         if self._grad is None:
             self._grad = GradNode(self)
         return self._grad
@@ -554,20 +564,25 @@ def _is_array_like(x: Any) -> bool:
     return isinstance(x, (np.ndarray, list, tuple)) or hasattr(x, "__array__") or hasattr(x, "__dlpack__")
 
 
-def param(label: str, output=None, input=None, init=None, dtype: DType | str | None = None) -> Tensor:
+def param(label: str, output=None, input=None, init=None, dtype: DType | str | None = None,
+          trainable: bool = True) -> Tensor:
     """A learnable parameter. ``output``/``input`` are sizes: an int (numpy integers too; one
     axis), a tuple (several, leftmost first) or ``()`` (no axes); left out, they are inferred from
     the parameter's uses (an error names the parameter when nothing determines them). Parameters
     have no batch axes. ``init`` is a number, an array-like of the parameter's dims (a numpy or
     torch array, nested lists; its values are copied when the parameter is created) or an
     initializer from ``oc.init``; left out, ``init.default_init`` chooses. ``dtype`` left out is
-    the ``param_precision`` setting (float32 unless set; ``config.param_precision``)."""
+    the ``param_precision`` setting (float32 unless set; ``config.param_precision``).
+    ``trainable=False`` freezes it: it keeps its value through training, as a PyTorch parameter
+    with ``requires_grad=False`` does, and checkpoints still save it (``Tensor.trainable``)."""
     if not isinstance(label, str) or not label:
         raise TypeError("oc.param: the first argument is the parameter's label (a non-empty string)")
+    if not isinstance(trainable, (bool, np.bool_)):
+        raise TypeError(f"oc.param({label!r}): trainable= is True or False, got {trainable!r}")
     dtype = dtypes.by_name(dtype) if isinstance(dtype, str) else (dtype or config.param_precision())
     return leaf("param", label, Row.closed(()), _row_of_sizes(output, "output", label),
                 _row_of_sizes(input, "input", label), is_param=True, init=_param_init(init, label),
-                dtype=dtype)
+                dtype=dtype, attrs={"trainable": bool(trainable)})
 
 
 def embed_symbol(sym: IndexSymbol) -> Tensor:

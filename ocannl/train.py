@@ -35,18 +35,21 @@ from ocannl.lowlevel.assignments import (Accum, Apply, Arg, Assignment, Block, C
                                          nodes_written)
 from ocannl.lowlevel.scalar_ops import Binop, Unop
 from ocannl.lowlevel.tnode import TNode
-from ocannl.shape.projections import identity_projections
+from ocannl.shape.projections import Loop, derive_projections, identity_projections
 from ocannl.tensor import Tensor, as_tensor, finish_inference, subgraph
 
 
 @dataclass
 class GradUpdate:
     """Forward + backprop of ``loss``; ``params`` are the parameters it differentiates (not the
-    integer ones, which take no gradient)."""
+    integer or frozen ones, which take no gradient). ``grad_norm`` is set by
+    :func:`clip_grad_norm`: the scalar node its computation stores the gradients' global norm in,
+    before clipping (``ctx.get(update.grad_norm)`` reads it after a run)."""
 
     loss: Tensor
     params: list[Tensor]
     computation: Computation
+    grad_norm: TNode | None = None
 
     def to_computation(self) -> Computation:
         """The computation, with the initializers as they are now: a parameter given a value
@@ -59,17 +62,61 @@ def grad_update(loss: Tensor) -> GradUpdate:
     """Forward code, zero the gradients, ``loss.grad = 1``, backprop in reverse topological
     order, as one computation (docs/training.md, "Tensors and their code")."""
     finish_inference()
-    if not loss.requires_grad:
-        raise ShapeError(f"grad_update: {loss.label!r} does not depend on any parameter")
-    forward = loss.to_computation()
     graph = subgraph(loss)
+    if not loss.requires_grad:
+        frozen = [u.label for u in graph if u.is_param and not u.trainable]
+        raise ShapeError(f"grad_update: {loss.label!r} does not depend on any parameter"
+                         + (f" but frozen ones (trainable=False): {', '.join(frozen)}" if frozen else ""))
+    forward = loss.to_computation()
     differentiable = [u for u in graph if u.requires_grad]
     zero = Block(tuple(Fetch(u.grad, Constant(0.0)) for u in differentiable), comment="zero grads")
     backprop = Block(tuple(a for u in reversed(graph) if u.requires_grad and u.logic is not None
                            for a in u.backward_code()), comment=f"{loss.label} backprop")
     body = Block((forward.body, zero, Fetch(loss.grad, Constant(1.0)), backprop))
-    params = [u for u in graph if u.is_param and u.requires_grad]  # an integer parameter takes no gradient
+    params = [u for u in graph if u.is_param and u.requires_grad]  # integer and frozen parameters take none
     return GradUpdate(loss, params, Computation(f"{loss.label}_grad_update", body, forward.inits))
+
+
+def clip_grad_norm(update: GradUpdate, max_norm: float) -> GradUpdate:
+    """``update`` followed, in the same computation, by scaling its gradients so that their
+    global L2 norm is at most ``max_norm``, as ``torch.nn.utils.clip_grad_norm_``: ``norm =
+    sqrt(sum of every gradient's squares)``, each gradient multiplied in place by ``min(1,
+    max_norm / (norm + 1e-6))``. Give the result to the optimizer (``sgd_update``,
+    ``adam_update``) and compile both: the optimizer reads the clipped gradients, with no round
+    trip to the host (docs/training.md, "Clipping gradients"). The norm is the returned update's
+    ``grad_norm`` node, computed in the widest precision of the gradients."""
+    if isinstance(max_norm, (bool, np.bool_)) or not isinstance(max_norm, numbers.Real) or not max_norm > 0:
+        raise ValueError(f"clip_grad_norm: max_norm must be a positive number, got {max_norm!r}")
+    if not isinstance(update, GradUpdate):
+        raise TypeError(f"clip_grad_norm clips the gradients of a train.grad_update(...), got {type(update).__name__}")
+    grads = [p.grad for p in update.params]
+    precision = grads[0].dtype
+    for g in grads[1:]:
+        precision = dtypes.promote(precision, g.dtype)
+    name = update.loss.label
+    sum_sq = TNode(f"{name}_grad_sum_sq", dims=(), dtype=precision)
+    norm = TNode(f"{name}_grad_norm", dims=(), dtype=precision)
+    scale = TNode(f"{name}_grad_clip_scale", dims=(), dtype=precision)
+    squares = [Fetch(sum_sq, Constant(0.0))] + [_add_squares(sum_sq, g) for g in grads]
+    coefficient = Apply(Binop.DIV, (float(max_norm), Apply(Binop.ADD, (Arg(0), 1e-6))))
+    clip = Block((*squares,
+                  _set(norm, None, Apply(Unop.SQRT, (Arg(0),)), [sum_sq], [()]),
+                  _set(scale, None, Apply(Binop.MIN, (1.0, coefficient)), [norm], [()]),
+                  *(_set(g, Binop.MUL, Arg(0), [scale], [()]) for g in grads)),
+                 comment=f"clip {name} gradients to norm {max_norm}")
+    computation = update.computation
+    return GradUpdate(update.loss, update.params,
+                      Computation(computation.name, Block((computation.body, clip)), computation.inits), norm)
+
+
+def _add_squares(target: TNode, g: TNode) -> Accum:
+    """``target += sum(g * g)`` over every cell of ``g`` (``target`` a scalar): one loop per axis
+    of ``g``, none of them indexing ``target``, so each is a reduction."""
+    def projections():
+        loops = [Loop(("axis", k), d) for k, d in enumerate(g.dims)]
+        return derive_projections([[], loops], [(), g.dims], debug=f"{target.debug_name} += sum({g.debug_name}^2)")
+
+    return Accum(target, Binop.ADD, Apply(Binop.MUL, (Arg(0), Arg(0))), (g,), projections)
 
 
 _optimizer_state: dict[TNode, dict[str, TNode]] = {}
@@ -307,8 +354,10 @@ def updated_state(computations: Iterable[Computation]) -> list[TNode]:
 
 def checkpoint_entries(optimizers) -> list[checkpoint.Entry]:
     """What a training checkpoint of ``optimizers`` (an optimizer step, or a list of them) holds:
-    the :func:`updated_state` of each step compiled with its gradient update. The parameters are
-    named by their labels, each parameter's optimizer state ``<label>.<state>`` (``w1.adam_m``,
+    the :func:`updated_state` of each step compiled with its gradient update, and the parameters
+    the step reads without updating them (frozen or integer ones: model state all the same, which
+    a run resumed in a fresh process would otherwise start from their initializers). The
+    parameters are named by their labels, each parameter's optimizer state ``<label>.<state>`` (``w1.adam_m``,
     ``w1.adam_step``, ``w1.sgd_momentum``), and the data tensors the forward code updates by their
     labels (dropout's run counter ``<dropout label>_draw_run``, batch norm's
     ``<label>_running_mean`` and ``<label>_running_var``)."""
@@ -327,6 +376,7 @@ def checkpoint_entries(optimizers) -> list[checkpoint.Entry]:
         else:
             t = owners[node]
             found.append(checkpoint.Entry(t.label, node, t, is_state=not t.is_param))
+    found += [checkpoint.Entry(t.label, node, t) for node, t in owners.items() if t.is_param]
     return checkpoint.unique(found, fix="give them distinct labels (a dropout's run counter is named after the "
                                         "dropout: nn.dropout(x, rate, label=...))")
 

@@ -1,6 +1,6 @@
 """Exchanging arrays with other libraries (ocannl/interop.py): DLPack out of tensors, sharing the
 context's buffer where the backend allows; foreign arrays into ``oc.tensor`` keeping their
-precision; numpy arrays as operands."""
+precision; numpy arrays as operands; PyTorch state dicts into models, layouts converted."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import pytest
 
 from backend_params import default_context
 import ocannl as oc
+from ocannl import interop, nn
+from ocannl.errors import CheckpointError, ShapeError
 from ocannl.lowlevel import dtypes
 
 BACKENDS = ("interp", "c", "metal", "triton")
@@ -113,3 +115,88 @@ def test_tensor_plus_ndarray_and_ndarray_plus_tensor(backend):
     np.testing.assert_array_equal((np.array([2.0, 4.0]) * w - w).numpy(), [1.0, 6.0])
     with pytest.raises(TypeError, match="an array"):
         w + "x"
+
+
+# -- Weights from PyTorch (docs/training.md, "Weights from PyTorch") ------------------------------
+
+def assert_forward_matches(ours: oc.Tensor, ref, what: str) -> None:
+    """``ours`` equals PyTorch's ``ref`` normwise within 1e-5."""
+    ref = ref.detach().numpy()
+    got = ours.numpy()
+    assert got.shape == ref.shape, f"{what}: shape {got.shape} vs PyTorch's {ref.shape}"
+    assert float(np.max(np.abs(got - ref))) <= 1e-5 * float(np.max(np.abs(ref))), what
+
+
+def images(*shape: int) -> np.ndarray:
+    return np.random.default_rng(8).normal(size=shape).astype(np.float32)
+
+
+def test_load_a_linear_and_an_mlp_from_torch_modules():
+    torch = pytest.importorskip("torch")
+
+    torch.manual_seed(0)
+    x = images(6, 5)
+    linear, lin_ref = nn.linear(3, label="lin"), torch.nn.Linear(5, 3)
+    y = linear(oc.tensor(x, batch=1))
+    interop.load_torch_state_dict(linear, lin_ref.state_dict())
+    assert_forward_matches(y, lin_ref(torch.from_numpy(x)), "linear")
+
+    mlp = nn.mlp(hid_dims=(8, 4), out=2, label="mlp")
+    mlp_ref = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4), torch.nn.ReLU(),
+                                  torch.nn.Linear(4, 2, bias=False))
+    y = mlp(oc.tensor(x, batch=1))
+    interop.load_torch_state_dict(mlp, mlp_ref.state_dict())  # in order: weight, bias, ..., last weight
+    assert_forward_matches(y, mlp_ref(torch.from_numpy(x)), "mlp")
+
+
+@pytest.mark.parametrize("in_channels", [2, 3])  # 3: [oc, ic, kh, kw] and [oc, kh, kw, ic] have one shape
+def test_load_a_conv2d_moves_the_channels_last(in_channels):
+    torch = pytest.importorskip("torch")
+
+    torch.manual_seed(1)
+    x = images(2, 6, 5, in_channels)
+    conv, ref = nn.conv2d(4, kernel_size=3, label="conv"), torch.nn.Conv2d(in_channels, 4, 3, padding=1)
+    y = conv(oc.tensor(x, batch=1))
+    interop.load_torch_state_dict(conv, ref.state_dict())
+    assert conv.kernel.dims == (4, 3, 3, in_channels)
+    assert_forward_matches(y, ref(torch.from_numpy(x).permute(0, 3, 1, 2)).permute(0, 2, 3, 1), "conv2d")
+
+
+def test_load_a_classifier_after_torch_flatten_of_a_convolution():
+    torch = pytest.importorskip("torch")
+
+    torch.manual_seed(2)
+    x = images(2, 4, 5, 3)
+    ref = torch.nn.Sequential(torch.nn.Conv2d(3, 6, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+                              torch.nn.Linear(6 * 4 * 5, 7))
+    conv, head = nn.conv2d(6, kernel_size=3, label="conv"), nn.linear(7, label="head")
+    y = head(oc.relu(conv(oc.tensor(x, batch=1))))  # head_w: output (7,), input (4, 5, 6): h, w, c
+    state = ref.state_dict()
+    with pytest.raises(ShapeError, match=r"'3\.weight' of shape \(7, 120\) onto parameter 'head_w' of dims "
+                                         r"\(7, 4, 5, 6\).*channels_first"):
+        interop.load_torch_state_dict([conv, head], state)
+    before = head.w.numpy()
+    interop.load_torch_state_dict([conv, head], state, mapping={
+        "conv_kernel": "0.weight", "conv_bias": "0.bias", "head_w": ("3.weight", "channels_first"), "head_b": "3.bias"})
+    assert not np.array_equal(head.w.numpy(), before)
+    assert_forward_matches(y, ref(torch.from_numpy(x).permute(0, 3, 1, 2)), "flattened classifier")
+
+
+def test_a_shape_that_does_not_map_names_the_entry_and_the_parameter_and_changes_nothing():
+    torch = pytest.importorskip("torch")
+
+    linear = nn.linear(3, label="lin")
+    linear(oc.tensor(images(2, 5), batch=1))
+    before = linear.w.numpy()
+    with pytest.raises(ShapeError, match=r"'weight' of shape \(3, 4\) onto parameter 'lin_w' of dims \(3, 5\)"):
+        interop.load_torch_state_dict(linear, {"weight": torch.zeros(3, 4), "bias": torch.zeros(3)})
+    with pytest.raises(ShapeError, match=r"'bias' of shape \(4,\) onto parameter 'lin_b' of dims \(3,\)"):
+        interop.load_torch_state_dict(linear, {"weight": torch.zeros(3, 5), "bias": torch.zeros(4)})
+    np.testing.assert_array_equal(linear.w.numpy(), before)  # checked before assigning: the weight kept its value
+    state = {"weight": torch.zeros(3, 5), "bias": torch.zeros(3)}
+    with pytest.raises(CheckpointError, match="2 parameters .* 1 state-dict entries"):
+        interop.load_torch_state_dict(linear, {"weight": torch.zeros(3, 5)})
+    with pytest.raises(CheckpointError, match="has no entry for 'lin_b'"):
+        interop.load_torch_state_dict(linear, state, mapping={"lin_w": "weight"})
+    with pytest.raises(CheckpointError, match="'lin_b' the key 'b'"):
+        interop.load_torch_state_dict(linear, state, mapping={"lin_w": "weight", "lin_b": "b"})
