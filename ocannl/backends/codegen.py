@@ -353,15 +353,12 @@ class Emitter:
         GEMM-class product inlined into its consumer as the GEMM, then the consumer
         (:func:`~ocannl.lowlevel.cpu_schedule.gemm_with_epilogue`)."""
         for s in stmts:
-            split = gemm_with_epilogue(s, self._vector_bytes) if self.gemm and isinstance(s, For) else None
+            plan = (plan_contraction(s, self._vector_bytes)
+                    if isinstance(s, For) and self.tile_function is not None else None)
+            split = gemm_with_epilogue(s, self._vector_bytes, plan) if self.gemm and plan is not None else None
             if split is not None:
                 self.statements([part for part in split if part is not None])
-            elif (
-                isinstance(s, For)
-                and _self_contained(s)
-                # a contraction is a tile function already
-                and (self.tile_function is None or plan_contraction(s, self._vector_bytes) is None)
-            ):
+            elif isinstance(s, For) and _self_contained(s) and plan is None:  # a contraction prints its own
                 self.helper("nest", s, lambda s=s: self.stmt(s))
             else:
                 self.stmt(s)

@@ -859,7 +859,8 @@ def vector_factors(term: Expr, row: Symbol | None, col: Symbol) -> tuple[Expr | 
     return None
 
 
-def gemm_with_epilogue(loop: For, vector_bytes: int) -> tuple[For, For | None] | None:
+def gemm_with_epilogue(loop: For, vector_bytes: int,
+                       plan: ContractionPlan | None = None) -> tuple[For, For | None] | None:
     """A GEMM-class product inlined into its consumer, ``for P: out[I] := f(v { v := init; <the
     sum> })`` (a bias added to ``w @ x``, a gate applied to a gradient's product), as two nests
     when the sum then runs as a packed GEMM: the sum stored into ``out`` itself, ``v`` being
@@ -875,7 +876,7 @@ def gemm_with_epilogue(loop: For, vector_bytes: int) -> tuple[For, For | None] |
     storing it loses nothing, and ``f`` reads it back: the bits of the inlined form. Hence the
     requirements: ``out`` stores the local's type exactly (float32 into float32), each cell is
     owned by one iteration of ``P``, and neither ``f`` nor the sum reads ``out`` otherwise."""
-    plan = plan_contraction(loop, vector_bytes)
+    plan = plan or plan_contraction(loop, vector_bytes)  # ``plan``: the caller's, already made
     if plan is None or plan.scope is None:
         return None
     store, scope = plan.store, plan.scope
