@@ -11,6 +11,9 @@ Per N it prints:
   simplification, CSE, emitting the source), that is the compile time less the C compiler's;
 * ``cc``: the time spent building kernels (the system C compiler; 0 on ``--backend interp``;
   the compiler's own checks for the fresh cache run before timing starts);
+* ``units`` and ``unit cc``: the translation units the longest source was compiled as, at the
+  same time, one a core (``ocannl/backends/c/compiler.py``), and the seconds the slowest of them
+  takes compiled alone afterwards (untimed above): the part of ``cc`` more cores would not cut;
 * ``total``: the whole ``Context.compile`` call (it also compiles and runs the parameters' init
   routine);
 * the time per layer of each, and at the end the ratio of the per-layer Python time at the
@@ -28,6 +31,7 @@ import os
 import tempfile
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -40,10 +44,12 @@ WIDTH = 16
 
 
 class _CcTimer:
-    """Accumulates the seconds spent in the C backend's kernel builds."""
+    """Accumulates the seconds spent in the C backend's kernel builds, and keeps the longest
+    source built."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
+        self.longest = ""
 
     @contextmanager
     def installed(self) -> Iterator[None]:
@@ -51,10 +57,11 @@ class _CcTimer:
 
         original = c_backend.compile_shared
 
-        def timed(*args, **kwargs):
+        def timed(source, *args, **kwargs):
+            self.longest = max(self.longest, source, key=len)
             start = time.perf_counter()
             try:
-                return original(*args, **kwargs)
+                return original(source, *args, **kwargs)
             finally:
                 self.seconds += time.perf_counter() - start
 
@@ -79,6 +86,20 @@ def build(n_layers: int) -> tuple[train.GradUpdate, object]:
     loss = (diff * diff).mean()
     update = train.grad_update(loss)
     return update, train.sgd_update(update, lr=0.01)
+
+
+def slowest_unit(source: str) -> tuple[int, float]:
+    """The number of translation units ``source`` is compiled as, and the seconds the slowest
+    of them takes to compile alone."""
+    from ocannl.backends.c.compiler import compile_objects, parallel_units, toolchain
+
+    units, tc, slowest = parallel_units(source), toolchain(), 0.0
+    with tempfile.TemporaryDirectory(prefix="ocannl-compile-scaling-unit-") as folder:
+        for unit in units:
+            start = time.perf_counter()
+            compile_objects([unit], tc, Path(folder))
+            slowest = max(slowest, time.perf_counter() - start)
+    return len(units), slowest
 
 
 def measure(n_layers: int, backend: str) -> dict[str, float]:
@@ -107,7 +128,9 @@ def measure(n_layers: int, backend: str) -> dict[str, float]:
                 del os.environ["OCANNL_CACHE_DIR"]
             else:
                 os.environ["OCANNL_CACHE_DIR"] = previous
-    return {"frontend": frontend, "python": total - timer.seconds, "cc": timer.seconds, "total": total}
+    units, unit_cc = slowest_unit(timer.longest) if backend == "c" else (0, 0.0)
+    return {"frontend": frontend, "python": total - timer.seconds, "cc": timer.seconds, "total": total,
+            "units": units, "unit cc": unit_cc}
 
 
 def main() -> None:
@@ -116,13 +139,14 @@ def main() -> None:
     parser.add_argument("--layers", type=int, nargs="+", default=[25, 50, 100, 200, 1000], metavar="N")
     args = parser.parse_args()
     print(f"backend {args.backend}, width {WIDTH}, grad_update + sgd_update, empty kernel cache")
-    header = ("N", "frontend s", "python s", "cc s", "total s", "python/layer ms", "cc/layer ms", "total/layer ms")
+    header = ("N", "frontend s", "python s", "cc s", "units", "unit cc s", "total s", "python/layer ms", "cc/layer ms",
+              "total/layer ms")
     print("  ".join(f"{h:>15}" for h in header))
     per_layer: dict[int, float] = {}
     for n in args.layers:
         r = measure(n, args.backend)
         per_layer[n] = r["python"] / n
-        row = (n, r["frontend"], r["python"], r["cc"], r["total"],
+        row = (n, r["frontend"], r["python"], r["cc"], r["units"], r["unit cc"], r["total"],
                1e3 * r["python"] / n, 1e3 * r["cc"] / n, 1e3 * r["total"] / n)
         print("  ".join(f"{v:>15}" if isinstance(v, int) else f"{v:>15.3f}" for v in row), flush=True)
     if len(per_layer) > 1:

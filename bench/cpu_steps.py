@@ -260,14 +260,15 @@ def build_transformer() -> Built:
                         batched=False)
 
 
-def build_gpt(batch: int, seq: int, d_model: int, heads: int, d_ff: int) -> Built:
-    """``examples/char_lm.py``'s model and data (its first ``BATCHES`` batches), with Adam at its rate."""
+def build_gpt(batch: int, seq: int, d_model: int, heads: int, d_ff: int, blocks: int = 2) -> Built:
+    """``examples/char_lm.py``'s model (``blocks`` transformer blocks) and data (its first
+    ``BATCHES`` batches), with Adam at its rate."""
     from examples import char_lm
 
     text = char_lm.load_text()
     vocab = char_lm.Vocabulary(text)
     tokens = char_lm.windows(vocab.encode(text), seq, batch, seed=0)[:BATCHES]
-    model = char_lm.CharLM(len(vocab), seq=seq, d_model=d_model, heads=heads, d_ff=d_ff)
+    model = char_lm.CharLM(len(vocab), seq=seq, d_model=d_model, heads=heads, d_ff=d_ff, blocks=blocks)
     return classifier("gpt", model, np.ascontiguousarray(tokens[:, :, :seq]), tokens[:, :, 1:], "adam",
                       lr=char_lm.LR, classes=len(vocab), constants={"positions": model.positions.data})
 

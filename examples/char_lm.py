@@ -69,16 +69,17 @@ class Vocabulary:
 
 
 class CharLM:
-    """Embedding + positions -> two causal transformer blocks -> layer norm -> linear head; a factory
+    """Embedding + positions -> ``blocks`` causal transformer blocks (two by default) -> layer norm
+    -> linear head; a factory
     whose instance keeps its blocks, so the training and the sampling graphs share parameters."""
 
     def __init__(self, vocab: int, seq: int = SEQ, d_model: int = D_MODEL, heads: int = HEADS, d_ff: int = D_FF,
-                 label: str = "char_lm"):
+                 label: str = "char_lm", blocks: int = 2):
         self.seq = seq
         self.embed = nn.embedding(vocab, d_model, label=f"{label}_embed")
         self.positions = nn.sinusoidal_position_encoding(d_model, seq)
         self.blocks = [nn.transformer_block(num_heads=heads, d_k=d_model // heads, d_ff=d_ff,
-                                            label=f"{label}_block{i}", causal=True) for i in range(2)]
+                                            label=f"{label}_block{i}", causal=True) for i in range(blocks)]
         self.norm = nn.layer_norm(f"{label}_norm")
         self.head = nn.linear(vocab, label=f"{label}_head")
 

@@ -77,7 +77,7 @@ def softmax(x: Tensor, spec: str = "... | ..., t", temperature: float = 1.0) -> 
     that broadcast back."""
     reduce = _zeroed_result(spec)
     xs = x if temperature == 1.0 else x / temperature
-    m = ops.einmax(reduce, xs)
+    m = ops.stop_gradient(ops.einmax(reduce, xs))  # a constant shift: no gradient to compute
     e = ops.exp(xs - m)
     return e / ops.einsum(reduce, e)
 
@@ -87,7 +87,7 @@ def log_softmax(x: Tensor, spec: str = "... | ..., t") -> Tensor:
     expression: ``s - log(sum(exp(s)))`` with ``s = x - max``, so a large logit neither
     overflows nor rounds its neighbours' logarithms to ``-inf``, as PyTorch's ``log_softmax``."""
     reduce = _zeroed_result(spec)
-    shifted = x - ops.einmax(reduce, x)
+    shifted = x - ops.stop_gradient(ops.einmax(reduce, x))
     return shifted - ops.log(ops.einsum(reduce, ops.exp(shifted)))
 
 
@@ -95,6 +95,26 @@ def silu(x) -> Tensor:
     """``x * sigmoid(x)`` (swish), as PyTorch's ``F.silu``."""
     x = as_tensor(x)
     return x * ops.sigmoid(x)
+
+
+GELU_FORMS = ("none", "tanh")
+"""The forms of :func:`gelu`, by PyTorch's names: the exact one and the tanh approximation."""
+
+
+def gelu(x, approximate: str = "none") -> Tensor:
+    """The Gaussian error linear unit, as PyTorch's ``F.gelu``: ``x * Phi(x)`` with ``Phi`` the
+    standard normal distribution function, ``0.5 x (1 + erf(x / sqrt 2))``
+    (``approximate="none"``), or its approximation
+    ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`` (``"tanh"``, GPT-2's). Its gradient is
+    the one of that expression, through ``oc.erf`` or ``oc.tanh``."""
+    if approximate not in GELU_FORMS:
+        raise ValueError(f"nn.gelu: approximate is one of {GELU_FORMS} (as in PyTorch), got {approximate!r}")
+    x = as_tensor(x)
+    if approximate == "tanh":
+        phi = 1.0 + ops.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * (x * x * x)))
+    else:
+        phi = 1.0 + ops.erf(x * math.sqrt(0.5))
+    return 0.5 * x * phi
 
 
 def softplus(x) -> Tensor:
@@ -408,7 +428,7 @@ def cross_entropy(logits, targets, *, label: str | None = None) -> Tensor:
     ``F.cross_entropy`` with class indices (or probabilities). The log-sum-exp subtracts the
     maximum first, so large logits do not overflow."""
     logits, targets = as_tensor(logits), as_tensor(targets)
-    shifted = logits - logits.max(axes="output")
+    shifted = logits - ops.stop_gradient(logits.max(axes="output"))
     log_probs = shifted - ops.log(ops.exp(shifted).sum(axes="output"))
     return (-(targets * log_probs).sum(axes="output")).mean(label=label or "cross_entropy")
 

@@ -180,6 +180,9 @@ Rules = dict[int, tuple[Binop, object]]
 """Operand number (from 1) -> (how its gradient accumulates, the expression accumulated)."""
 
 LN2 = 0.6931471805599453
+TWO_OVER_SQRT_PI = 1.1283791670955126
+"""``erf``'s derivative at 0: ``d/dx erf x = 2/sqrt(pi) exp(-x^2)``."""
+
 _ADD, _SUB = Binop.ADD, Binop.SUB
 
 
@@ -346,6 +349,7 @@ POINTWISE: tuple[tuple[str, ScalarOp, Rules | None], ...] = (
     ("neg", Unop.NEG, {1: (_SUB, "g")}),
     ("tanh", Unop.TANH, {1: (_ADD, _mul("g", _b(Binop.SUB, 1.0, _mul("v", "v"))))}),
     ("sigmoid", Unop.SIGMOID, {1: (_ADD, _mul("g", _mul("v", _b(Binop.SUB, 1.0, "v"))))}),
+    ("erf", Unop.ERF, {1: (_ADD, _mul("g", _mul(TWO_OVER_SQRT_PI, _b(Unop.EXP, _b(Unop.NEG, _mul("v1", "v1"))))))}),
     ("abs", Unop.ABS, {1: (_ADD, _mul("g", _b(Binop.SUB, _b(Binop.GT, "v1", 0.0), _b(Binop.LT, "v1", 0.0))))}),
     ("not", Unop.NOT, None),
     ("add", Binop.ADD, _G_TO_EACH),
@@ -413,6 +417,19 @@ for _name, _fn, _rules in POINTWISE:
                  gradient=None if _rules is None else _pointwise_gradient(_fn, _rules),
                  dtype=_pointwise_promoted(_fn)))
 
+STOP_GRADIENT = define(OpDef("stop_gradient", shape=_pointwise_logic, forward=_pointwise_forward(Unop.ID),
+                             gradient=None, dtype=lambda operands: operands[0].dtype))
+"""Its operand's value, through which no gradient flows (``jax.lax.stop_gradient``,
+``torch.Tensor.detach``): the maximum a softmax subtracts is a constant of the function, whose
+gradient through it is zero, and computing that zero costs a search for the first maximum per
+row (the optimizer inlines the copy itself)."""
+
+
+def stop_gradient(x, *, label: str | None = None) -> Tensor:
+    """``x``'s value, treated as a constant by differentiation (no gradient reaches ``x`` from here)."""
+    return STOP_GRADIENT(as_tensor(x), label=label)
+
+
 TRUE_DIV = define(OpDef("true_div", shape=_pointwise_logic, forward=_pointwise_forward(Binop.DIV), gradient=None,
                         dtype=_promoted_float))
 """The quotient of two integer operands as ``a / b`` computes it: in float32. It has no gradient
@@ -449,7 +466,7 @@ def _binary(op: OpDef):
     return fn
 
 
-relu, sat01, exp, log, exp2, log2, sin, cos, sqrt, recip, recip_sqrt, neg, tanh, sigmoid, abs, not_ = (
+relu, sat01, exp, log, exp2, log2, sin, cos, sqrt, recip, recip_sqrt, neg, tanh, sigmoid, erf, abs, not_ = (
     _unary(OPS[name]) for name in UNARY_OPS)
 add, sub, mul, div, pow, lt, gt, eq, ne, maximum, minimum = (_binary(OPS[name]) for name in BINARY_OPS)
 
@@ -640,7 +657,7 @@ def logsumexp(x, axis=None, *, label: str | None = None) -> Tensor:
     the given kinds), computed as ``m + log(sum(exp(x - m)))`` with ``m`` the maximum, so no
     ``exp`` overflows, as PyTorch's ``torch.logsumexp``."""
     x = as_tensor(x)
-    m = MAX_REDUCE(x, axes=axis)
+    m = stop_gradient(MAX_REDUCE(x, axes=axis))
     return OPS["add"](m, OPS["log"](SUM(OPS["exp"](x - m), axes=axis)), label=label)
 
 
@@ -1134,7 +1151,7 @@ register_catalog(
                "lt": lt, "gt": gt, "eq": eq, "ne": ne, "not_": not_, "getitem": getitem},
     methods={"relu": relu, "sat01": sat01, "exp": exp, "log": log, "exp2": exp2, "log2": log2, "sin": sin,
              "cos": cos, "sqrt": sqrt, "recip": recip, "recip_sqrt": recip_sqrt, "neg": neg, "tanh": tanh,
-             "sigmoid": sigmoid, "abs": abs, "not_": not_, "sum": sum, "mean": mean, "max": max,
+             "sigmoid": sigmoid, "erf": erf, "abs": abs, "not_": not_, "sum": sum, "mean": mean, "max": max,
              "reshape": reshape, "flatten": flatten, "unflatten": unflatten, "permute": permute,
              "transpose": transpose, "argmax": argmax, "argmin": argmin},
 )

@@ -16,10 +16,11 @@ it is imported: the catalog builds on this module, never the other way round.
 
 from __future__ import annotations
 
+import contextlib
 import keyword
 import numbers
 import operator
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -216,15 +217,7 @@ class Tensor:
         if self._requires_grad is None:
             # Operands first, in creation order, without recursion: a chain of thousands of ops
             # must not exhaust the Python stack.
-            for u in subgraph(self, stop=lambda v: v._requires_grad is not None):
-                if not u.dtype.is_float:
-                    u._requires_grad = False
-                elif u.is_param:
-                    u._requires_grad = u.trainable
-                elif u.definition is None or u.definition.gradient is None:
-                    u._requires_grad = False
-                else:
-                    u._requires_grad = any(o._requires_grad for o in u.operands)
+            _derive_requires_grad(subgraph(self, stop=lambda v: v._requires_grad is not None), lambda p: p.trainable)
         return self._requires_grad
 
     @property
@@ -419,6 +412,36 @@ def subgraph(t: Tensor, stop: Callable[[Tensor], bool] | None = None) -> list[Te
             seen[u.id] = u
             stack.extend(u.operands)
     return [seen[i] for i in sorted(seen)]
+
+
+def _derive_requires_grad(tensors: Sequence[Tensor], trainable: Callable[[Tensor], bool]) -> None:
+    """Set ``requires_grad`` of ``tensors``, given operands first, each operand's already set,
+    with ``trainable`` telling which parameters are differentiated."""
+    for u in tensors:
+        if not u.dtype.is_float:
+            u._requires_grad = False
+        elif u.is_param:
+            u._requires_grad = trainable(u)
+        elif u.definition is None or u.definition.gradient is None:
+            u._requires_grad = False
+        else:
+            u._requires_grad = any(o._requires_grad for o in u.operands)
+
+
+@contextlib.contextmanager
+def differentiating_only(graph: Sequence[Tensor], params: Sequence[Tensor]) -> Iterator[None]:
+    """Within it, ``requires_grad`` over ``graph`` (a :func:`subgraph`) counts the trainable
+    parameters of ``params`` only, the others read as frozen ones are: the view of one
+    ``train.grad_update(loss, params=...)``, which so writes no gradient code for what leads
+    only to the others. The graph's own answers are restored on leaving."""
+    saved = [u._requires_grad for u in graph]
+    chosen = {p.id for p in params}
+    try:
+        _derive_requires_grad(graph, lambda p: p.trainable and p.id in chosen)
+        yield
+    finally:
+        for u, flag in zip(graph, saved):
+            u._requires_grad = flag
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,19 +24,19 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
 from ocannl import checkpoint, session
-from ocannl.errors import ShapeError
+from ocannl.errors import SessionError, ShapeError
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.assignments import (Accum, Apply, Arg, Assignment, Block, Computation, Constant, Fetch, Init,
                                          nodes_written)
 from ocannl.lowlevel.scalar_ops import Binop, Unop
 from ocannl.lowlevel.tnode import TNode
 from ocannl.shape.projections import Loop, derive_projections, identity_projections
-from ocannl.tensor import Tensor, as_tensor, finish_inference, subgraph
+from ocannl.tensor import Tensor, as_tensor, differentiating_only, finish_inference, subgraph
 
 
 @dataclass
@@ -58,23 +58,66 @@ class GradUpdate:
         return Computation(self.computation.name, self.computation.body, inits)
 
 
-def grad_update(loss: Tensor) -> GradUpdate:
+def grad_update(loss: Tensor, params: Sequence[Tensor] | None = None) -> GradUpdate:
     """Forward code, zero the gradients, ``loss.grad = 1``, backprop in reverse topological
-    order, as one computation (docs/training.md, "Tensors and their code")."""
+    order, as one computation (docs/training.md, "Tensors and their code"). ``params``: the
+    parameters to differentiate, and so to update, when not every trainable one of the loss's
+    graph; the others are frozen for this update only (docs/training.md, "Frozen parameters")."""
     finish_inference()
     graph = subgraph(loss)
+    if params is None:
+        return _grad_update(loss, graph)
+    with differentiating_only(graph, _chosen_params(loss, graph, params)):
+        return _grad_update(loss, graph)
+
+
+def _chosen_params(loss: Tensor, graph: list[Tensor], params: Sequence[Tensor]) -> list[Tensor]:
+    """``params`` of ``grad_update(loss, params=)``, checked: trainable float parameters of
+    ``loss``'s graph, at least one."""
+    params = list(params)
+    if not params:
+        raise ValueError(f"grad_update: params= is empty: give the parameters of {loss.label!r} to differentiate")
+    in_graph = {u.id for u in graph}
+    for p in params:
+        if not isinstance(p, Tensor) or not p.is_param:
+            raise TypeError(f"grad_update: params= takes parameters (oc.param), got {getattr(p, 'label', p)!r}")
+        if p.id not in in_graph:
+            raise SessionError(f"grad_update: parameter {p.label!r} of params= is not in the graph of "
+                               f"{loss.label!r}: the loss does not depend on it; pass the parameters it reads")
+        if not p.requires_grad:
+            why = "frozen (trainable=False)" if not p.trainable else f"of the integer precision {p.dtype.name}"
+            raise SessionError(f"grad_update: parameter {p.label!r} of params= is {why}, so it takes no gradient")
+    return params
+
+
+def _grad_update(loss: Tensor, graph: list[Tensor]) -> GradUpdate:
+    """The update of :func:`grad_update` for the parameters ``requires_grad`` counts now."""
     if not loss.requires_grad:
         frozen = [u.label for u in graph if u.is_param and not u.trainable]
         raise ShapeError(f"grad_update: {loss.label!r} does not depend on any parameter"
                          + (f" but frozen ones (trainable=False): {', '.join(frozen)}" if frozen else ""))
     forward = loss.to_computation()
-    differentiable = [u for u in graph if u.requires_grad]
+    reached = _reached_by_gradient(loss, graph)
+    differentiable = [u for u in graph if u.id in reached or (u.is_param and u.requires_grad)]
     zero = Block(tuple(Fetch(u.grad, Constant(0.0)) for u in differentiable), comment="zero grads")
-    backprop = Block(tuple(a for u in reversed(graph) if u.requires_grad and u.logic is not None
+    backprop = Block(tuple(a for u in reversed(graph) if u.id in reached and u.logic is not None
                            for a in u.backward_code()), comment=f"{loss.label} backprop")
     body = Block((forward.body, zero, Fetch(loss.grad, Constant(1.0)), backprop))
     params = [u for u in graph if u.is_param and u.requires_grad]  # integer and frozen parameters take none
     return GradUpdate(loss, params, Computation(f"{loss.label}_grad_update", body, forward.inits))
+
+
+def _reached_by_gradient(loss: Tensor, graph: list[Tensor]) -> set[int]:
+    """The ids of the tensors of ``graph`` (operands first) that a gradient from ``loss`` reaches:
+    the loss, and the differentiable operands of a tensor reached, through its gradient rule. A
+    tensor read only by operations without one (``oc.stop_gradient``, comparisons) is not
+    reached: it gets no gradient node filled and no backprop code, which would only propagate
+    zeros (the maximum a softmax subtracts would search its first maximum for nothing)."""
+    reached = {loss.id}
+    for u in reversed(graph):
+        if u.id in reached and u.requires_grad and u.definition is not None and u.definition.gradient is not None:
+            reached.update(o.id for o in u.operands if o.requires_grad)
+    return reached
 
 
 def clip_grad_norm(update: GradUpdate, max_norm: float) -> GradUpdate:

@@ -1,7 +1,7 @@
-"""Activations and log-domain reductions against PyTorch: ``nn.silu``, ``nn.softplus``,
-``nn.log_softmax`` and ``oc.logsumexp``, forward values and gradients on every backend, from
-inputs whose logits span large magnitudes (where a naive formula overflows or loses its
-small terms). Normwise comparisons as in test_nn_blocks.py."""
+"""Activations and log-domain reductions against PyTorch: ``oc.erf``, ``nn.gelu`` (both forms),
+``nn.silu``, ``nn.softplus``, ``nn.log_softmax`` and ``oc.logsumexp``, forward values and
+gradients on every backend, from inputs whose logits span large magnitudes (where a naive formula
+overflows or loses its small terms). Normwise comparisons as in test_nn_blocks.py."""
 
 from __future__ import annotations
 
@@ -22,6 +22,9 @@ X = np.concatenate([RNG.standard_normal((4, 7)) * 3, [[-40.0, -20.5, -1e-3, 0.0,
 WEIGHTS = RNG.standard_normal(X.shape).astype(np.float32)
 
 POINTWISE = {
+    "erf": (oc.erf, torch.erf),
+    "gelu": (nn.gelu, F.gelu),
+    "gelu_tanh": (lambda x: nn.gelu(x, approximate="tanh"), lambda t: F.gelu(t, approximate="tanh")),
     "silu": (nn.silu, F.silu),
     "softplus": (nn.softplus, F.softplus),
 }
@@ -68,3 +71,23 @@ def test_logsumexp_matches_torch(backend, axis):
 def test_softplus_of_large_inputs_does_not_overflow():
     x = oc.tensor(np.array([-100.0, 100.0, 1000.0], np.float32))
     np.testing.assert_allclose(nn.softplus(x).numpy(), [0.0, 100.0, 1000.0], atol=1e-30)
+
+
+def test_gelu_refuses_a_form_pytorch_does_not_name():
+    with pytest.raises(ValueError, match=r"nn.gelu: approximate is one of \('none', 'tanh'\).*'exact'"):
+        nn.gelu(oc.tensor(X), approximate="exact")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_stop_gradient_passes_the_value_and_no_gradient(backend):
+    """``d/dx sum(w * stop_gradient(x) * x) = w * x``, as torch's ``detach``; and a softmax,
+    whose shift by the maximum is such a constant, still has torch's gradient."""
+    p, x = input_param()
+    y, (grad,), _ = run_grad(backend, oc.stop_gradient(x) * x, WEIGHTS, [p], batch=1)
+    t = leaf(X)
+    assert_matches_torch(y, grad, t.detach() * t, t, WEIGHTS, f"stop_gradient on {backend}")
+    assert not oc.stop_gradient(x).requires_grad
+    p, x = input_param()
+    y, (grad,), _ = run_grad(backend, nn.softmax(x), WEIGHTS, [p], batch=1)
+    t = leaf(X)
+    assert_matches_torch(y, grad, F.softmax(t, dim=-1), t, WEIGHTS, f"softmax on {backend}")

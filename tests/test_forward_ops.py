@@ -11,6 +11,8 @@ that ties occur).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -114,6 +116,9 @@ def _sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
 
 
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
 UNARY = [
     ("relu", oc.relu, lambda x: np.maximum(x, 0.0), "int"),
     ("relu_any", oc.relu, lambda x: np.maximum(x, 0.0), "any"),
@@ -130,6 +135,7 @@ UNARY = [
     ("neg", oc.neg, np.negative, "any"),
     ("tanh", oc.tanh, np.tanh, "any"),
     ("sigmoid", oc.sigmoid, _sigmoid, "any"),
+    ("erf", oc.erf, _erf, "any"),
     ("abs", oc.abs, np.abs, "any"),
     ("not_", oc.not_, lambda x: (x == 0).astype(np.float64), "int"),
 ]

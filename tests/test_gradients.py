@@ -157,7 +157,7 @@ def case(name: str, build, operands, domains="any", bindings=None, marks=()):
 UNARY_DOMAINS = {
     "relu": "nonzero", "sat01": "unit", "exp": "any", "log": "pos", "exp2": "any", "log2": "pos",
     "sin": "any", "cos": "any", "sqrt": "pos", "recip": "nonzero", "recip_sqrt": "pos", "neg": "any",
-    "tanh": "any", "sigmoid": "any", "abs": "nonzero",
+    "tanh": "any", "sigmoid": "any", "erf": "any", "abs": "nonzero",
 }
 
 UNARY_CASES = [case(f"{name}-{label}", getattr(oc, name), [shape], domain)

@@ -262,8 +262,8 @@ def probe(n: int, low: float, high: float, dtype: str, seed: int) -> np.ndarray:
 
 
 DOMAINS = {"exp": (-104, 89), "exp2": (-150, 128), "log": (0, 100), "log2": (0, 100), "sin": (-10, 10),
-           "cos": (-10, 10), "tanh": (-10, 10), "sigmoid": (-20, 20), "sqrt": (0, 100), "recip": (-10, 10),
-           "recip_sqrt": (0, 100)}
+           "cos": (-10, 10), "tanh": (-10, 10), "sigmoid": (-20, 20), "erf": (-6, 6), "sqrt": (0, 100),
+           "recip": (-10, 10), "recip_sqrt": (0, 100)}
 EXACT = ("sqrt", "recip", "recip_sqrt")
 
 

@@ -1,6 +1,7 @@
 """Training controls against PyTorch (docs/training.md, "Frozen parameters" and "Clipping
 gradients"): ``train.clip_grad_norm`` inside the compiled step, parameters made with
-``trainable=False``, ``nn.mlp(out=)`` used alone and ``nn.summary``.
+``trainable=False`` or left out of ``train.grad_update(loss, params=...)``, ``nn.mlp(out=)`` used
+alone and ``nn.summary``.
 
 PyTorch runs the same float32 model from the same start (``clip_grad_norm_`` then
 ``torch.optim.SGD``; ``torch.optim.Adam`` with a parameter whose ``requires_grad`` is off), and
@@ -17,6 +18,7 @@ from backend_params import backend_param, context
 import ocannl as oc
 from ocannl import nn, train
 from ocannl.errors import SessionError, ShapeError
+from ocannl.lowlevel.assignments import nodes_written
 
 BACKENDS = [backend_param("interp"), backend_param("c"), backend_param("metal"), backend_param("triton", slow=True)]
 STEPS = 3
@@ -122,6 +124,44 @@ def test_a_frozen_parameter_has_no_gradient_and_says_so():
         train.grad_update(loss)
     with pytest.raises(TypeError, match="trainable= is True or False"):
         oc.param("w", output=2, trainable="no")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_grad_update_of_chosen_params_updates_only_them_and_matches_torch(backend):
+    ctx = context(backend)
+    loss, params = two_layer()
+    update = train.grad_update(loss, params=[params["w2"]])
+    assert [p.label for p in update.params] == ["w2"]
+    written = nodes_written(update.computation.body)
+    assert params["w2"].grad in written
+    assert not {params["w1"].grad, params["b1"].grad} & set(written), "no gradient code for the layer left out"
+    assert params["w1"].requires_grad, "the restriction holds for that one update only"
+    adam = train.adam_update(update, lr=0.01)
+    step = ctx.compile(update, adam)
+    torch_loss, torch_params = torch_two_layer(frozen=("w1", "b1"))
+    torch_adam = torch.optim.Adam([torch_params["w2"]], lr=0.01)
+    for k in range(STEPS):
+        step.run()
+        torch_adam.zero_grad()
+        torch_loss().backward()
+        torch_adam.step()
+        np.testing.assert_array_equal(ctx.get(params["w1"]), W1)
+        np.testing.assert_array_equal(ctx.get(params["b1"]), B1)
+        assert_close(ctx.get(params["w2"]), torch_params["w2"], f"step {k} w2")
+    assert [p.label for p in train.grad_update(loss).params] == ["w1", "b1", "w2"]
+
+
+def test_grad_update_refuses_params_it_cannot_differentiate_naming_them():
+    loss, params = two_layer(frozen=("b1",))
+    elsewhere = oc.param("elsewhere", output=2)
+    with pytest.raises(SessionError, match="'elsewhere' of params= is not in the graph of 'loss'"):
+        train.grad_update(loss, params=[params["w1"], elsewhere])
+    with pytest.raises(SessionError, match=r"'b1' of params= is frozen \(trainable=False\)"):
+        train.grad_update(loss, params=[params["b1"]])
+    with pytest.raises(TypeError, match="takes parameters"):
+        train.grad_update(loss, params=[loss])
+    with pytest.raises(ValueError, match="params= is empty"):
+        train.grad_update(loss, params=[])
 
 
 def test_a_training_checkpoint_saves_frozen_parameters(tmp_path):

@@ -241,7 +241,7 @@ def _build_once(cmd: list[str], source: str | None, target: Path, compiler: str)
         run = [tmp if part == "{tmp}" else part for part in cmd]
         try:
             result = subprocess.run(run, input=source, capture_output=True, text=True, timeout=600,
-                                    **_dying_with_parent())
+                                    **dying_with_parent())
         except (OSError, subprocess.TimeoutExpired) as e:
             raise CompileError(f"running {compiler} failed: {e}") from None
         if not target.parent.is_dir():
@@ -297,7 +297,7 @@ def _failed_write(result: subprocess.CompletedProcess) -> str | None:
     return next((words for words in _WRITE_FAILURES if words in result.stderr), None)
 
 
-def _dying_with_parent() -> dict:
+def dying_with_parent() -> dict:
     """``subprocess`` options under which a compiler is killed when the thread that started it
     dies (Linux's ``PR_SET_PDEATHSIG``): a ``kill -9`` of ocannl then leaves no compiler running
     on, writing into the cache. Elsewhere, none. The compiler driver gets the signal; the passes

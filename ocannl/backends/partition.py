@@ -70,7 +70,7 @@ of a small model folds into one chain. Segments are listed longest programs firs
 programs roughly in order of their number). :func:`launch_hazards` checks a grouping against
 these rules (the tests run it on the training steps). Metal launches the kernels one by one.
 
-**Contractions** (:class:`Contraction`): a nest ``c[I] (:= 0;) for k..: c[I] += a * b`` whose
+**Contractions** (:class:`~ocannl.lowlevel.schedule.Contraction`): a nest ``c[I] (:= 0;) for k..: c[I] += a * b`` whose
 ``a`` and ``b`` split the grid loops into rows (in ``a`` only) and columns (in ``b`` only) and
 share the reduction loops becomes a kernel over row x column tiles (``tl.dot`` on Triton). Pointwise nests
 that follow with the same grid (a bias add, a relu) join it as its epilogue, computed on the
@@ -81,6 +81,7 @@ Consecutive fills form one kernel of their own.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import AbstractSet, Iterable, Iterator
 
@@ -90,11 +91,11 @@ from ocannl.lowlevel.analysis import (
 )
 from ocannl.lowlevel.indexing import AnySymbol, Iter, Symbol
 from ocannl.lowlevel.ir import (
-    Binary, Cast, Comment, Const, DeclareLocal, EmbedIndex, Expr, Fill, For, GetLocal, Load, LoadDynamic,
+    Binary, Cast, Comment, Const, DeclareLocal, EmbedIndex, Expr, Fill, For, Load, LoadDynamic,
     LocalScope, Seq, SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary, iter_exprs, iter_stmts, stmt_exprs,
 )
-from ocannl.lowlevel.scalar_ops import Binop, Ternop
-from ocannl.lowlevel.schedule import Update, update_of
+from ocannl.lowlevel.scalar_ops import Binop
+from ocannl.lowlevel.schedule import Contraction, contraction_of, product_factors
 from ocannl.lowlevel.tnode import TNode
 
 # ---------------------------------------------------------------------------------------------
@@ -289,23 +290,6 @@ def without_loops(stmt: Stmt, removed: Iterable[Symbol]) -> Stmt:
 # Contractions
 
 
-@dataclass(frozen=True)
-class Contraction:
-    """A reduction ``acc += a * b`` over loops ``k`` (the chain starting at ``site``), where
-    ``accumulator`` is ``c[I] := c[I] + a * b`` or, once the optimizer inlined ``c``, ``v := v +
-    a * b`` on a local. The grid loops split into ``rows`` (read by ``a`` only), ``cols`` (by ``b``
-    only) and ``batch`` (the rest)."""
-
-    site: For
-    accumulator: Store | SetLocal
-    a: Expr
-    b: Expr
-    rows: tuple[Symbol, ...]
-    cols: tuple[Symbol, ...]
-    batch: tuple[Symbol, ...]
-    k: tuple[tuple[Symbol, int], ...]
-
-
 def _plain(e: Expr) -> bool:
     """An operand the dot template can tile: loads (affine, maybe padded) and arithmetic on them,
     no locals, gathers or PRNG."""
@@ -314,31 +298,8 @@ def _plain(e: Expr) -> bool:
     )
 
 
-def _product_terms(acc: Store | SetLocal) -> tuple[Expr, Expr] | None:
-    """``(a, b)`` when ``acc`` sets its target to ``old + a * b`` (either order, or ``fma(a, b,
-    old)``)."""
-    update = update_of(acc, frozenset({Binop.ADD}))
-    if update is not None:
-        match update:
-            case Update(op=Binop.ADD, term=Binary(op=Binop.MUL, a=a, b=b)):
-                return a, b
-        return None
-    old = Load(acc.tnode, acc.indices) if isinstance(acc, Store) else GetLocal(acc.local)
-    match acc.value:
-        case Ternary(op=Ternop.FMA, a=a, b=b, c=x) if x == old:
-            return a, b
-    return None
-
-
 DOT_MIN_K = 16
 """``tl.dot`` tiles are at least 16 deep; shorter contractions are plain reductions."""
-
-
-def _product_of(values: Iterable[int]) -> int:
-    out = 1
-    for v in values:
-        out *= v
-    return out
 
 
 def loop_sites(stmt: Stmt) -> Iterator[For]:
@@ -369,39 +330,35 @@ def find_contraction(stmt: Stmt, grid: tuple[Symbol, ...]) -> Contraction | None
 
 
 def _contraction_at(site: For, grid: tuple[Symbol, ...]) -> Contraction | None:
-    chain, acc = loop_chain(site)
-    if isinstance(acc, Store):
-        if acc.skip_oob or acc.tnode.dtype is not dtypes.float32:
+    """The contraction (``schedule.contraction_of``) whose reduction loops are the chain headed by
+    ``site``, when the dot template applies to it (:func:`find_contraction`)."""
+    chain, update = loop_chain(site)
+    if isinstance(update, Store):
+        if update.skip_oob or update.tnode.dtype is not dtypes.float32:
             return None
-    elif isinstance(acc, SetLocal):
-        if acc.local.dtype is not dtypes.float32:
+    elif isinstance(update, SetLocal):
+        if update.local.dtype is not dtypes.float32:
             return None
     else:
         return None
-    operands = _product_terms(acc)
-    if operands is None:
+    factors = product_factors(update)
+    if factors is None or not all(_plain(f) for f in factors):
         return None
-    a, b = operands
-    if not (_plain(a) and _plain(b)):
+    a, b = factors
+    if isinstance(update, Store) and any(isinstance(x, Load) and x.tnode is update.tnode
+                                         for e in factors for x in iter_exprs(e)):
         return None
-    if isinstance(acc, Store) and any(isinstance(x, Load) and x.tnode is acc.tnode for e in (a, b) for x in iter_exprs(e)):
-        return None
-    k_symbols = {loop.symbol for loop in chain}
-    if _product_of(loop.extent for loop in chain) < DOT_MIN_K:
+    if math.prod(loop.extent for loop in chain) < DOT_MIN_K:
         return None  # a short sum: computed in the loop's order instead (emit.py)
+    k_symbols = {loop.symbol for loop in chain}
+    if isinstance(update, Store) and k_symbols & indices_symbols(update.indices):
+        return None
     sa, sb = expr_symbols(a), expr_symbols(b)
     if not k_symbols <= (sa & sb):
         return None
     if any(isinstance(s, Symbol) and s not in k_symbols and s not in grid for s in sa | sb):
         return None
-    if isinstance(acc, Store) and k_symbols & indices_symbols(acc.indices):
-        return None
-    rows = tuple(s for s in grid if s in sa and s not in sb)
-    cols = tuple(s for s in grid if s in sb and s not in sa)
-    if not rows or not cols:
-        return None
-    batch = tuple(s for s in grid if s not in rows and s not in cols)
-    return Contraction(site, acc, a, b, rows, cols, batch, tuple((loop.symbol, loop.extent) for loop in chain))
+    return contraction_of(a, b, grid, tuple((loop.symbol, loop.extent) for loop in chain), update=update, site=site)
 
 
 def _columns_last(c: Contraction, stmt: Stmt, grid: tuple[Symbol, ...]) -> Contraction:
@@ -412,7 +369,7 @@ def _columns_last(c: Contraction, stmt: Stmt, grid: tuple[Symbol, ...]) -> Contr
     if stores and stores[0].indices:
         last = stores[0].indices[-1]
         if isinstance(last, Iter) and last.symbol in c.rows:
-            return replace(c, a=c.b, b=c.a, rows=c.cols, cols=c.rows)
+            return c.swapped()
     return c
 
 

@@ -35,9 +35,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from ocannl.lowlevel import dtypes
-from ocannl.lowlevel.analysis import affine_form, expr_symbols, loop_chain, row_major_offset, substitute_index
+from ocannl.lowlevel.analysis import (
+    affine_form, expr_symbols, locals_bound, locals_read, locals_written, loop_chain, row_major_offset, substitute_index,
+)
 from ocannl.lowlevel.dtypes import DType
 from ocannl.lowlevel.indexing import Affine, AnySymbol, AxisIndex, Iter, Symbol, index_symbols
 from ocannl.lowlevel.ir import (
@@ -46,7 +49,7 @@ from ocannl.lowlevel.ir import (
 )
 from ocannl.lowlevel.rewrite import FreshCopy, Rewriter
 from ocannl.lowlevel.scalar_ops import Binop, Ternop
-from ocannl.lowlevel.schedule import block_terms, blocked_reduction_of, reduction_of
+from ocannl.lowlevel.schedule import block_terms, blocked_reduction_of, contraction_of, reduction_of
 from ocannl.lowlevel.tnode import TNode
 
 PARALLEL_MIN_WORK = 1 << 19
@@ -202,7 +205,7 @@ class GemmPlan:
 @dataclass(frozen=True)
 class ContractionPlan:
     """How a contraction nest is worked in register tiles (see :func:`plan_contraction`; printed by
-    ``codegen.Emitter.contraction``).
+    ``ocannl/backends/c/tile_printer.py``, or ``c/gemm_printer.py`` where :attr:`gemm` is set).
 
     ``parallel`` are the loops that index the written cell, ``reductions`` the others, each in
     nest order (the order of ``reductions`` is each cell's summation order and never changes).
@@ -386,23 +389,20 @@ def plan_gemm(plan: ContractionPlan, vector_bytes: int) -> GemmPlan | None:
     k, term, block = flat
     if not (isinstance(term, Binary) and term.op is Binop.MUL and term.dtype is dtypes.float32):
         return None
-    x, y = term.a, term.b
-    if not all(isinstance(f, Load) and f.dtype is dtypes.float32 for f in (x, y)):
+    if not all(isinstance(f, Load) and f.dtype is dtypes.float32 for f in (term.a, term.b)):
         return None
-    x_symbols = {s for i in x.indices for s in index_symbols(i)}
-    y_symbols = {s for i in y.indices for s in index_symbols(i)}
-    x_only = tuple(p for p in plan.parallel if p[0] in x_symbols and p[0] not in y_symbols)
-    y_only = tuple(p for p in plan.parallel if p[0] in y_symbols and p[0] not in x_symbols)
-    if not x_only or not y_only:
+    product = contraction_of(term.a, term.b, tuple(s for s, _ in plan.parallel), k)
+    if product is None:
         return None
     c_terms = affine_form(row_major_offset(plan.store.indices, out.dims))[0]
     c_coefficient = {s: c for c, s in c_terms}
     # Columns: the side holding the result's contiguous loop, so whole tiles store vectors.
-    if any(c_coefficient.get(s) == 1 for s, _ in x_only) and not any(c_coefficient.get(s) == 1 for s, _ in y_only):
-        a, b, rows, cols, a_first = y, x, y_only, x_only, False
-    else:
-        a, b, rows, cols, a_first = x, y, x_only, y_only, True
-    outer = tuple(p for p in plan.parallel if p not in rows and p not in cols)
+    contiguous = {s for s, c in c_coefficient.items() if c == 1}
+    a_first = not (contiguous & set(product.rows)) or bool(contiguous & set(product.cols))
+    if not a_first:
+        product = product.swapped()
+    extent = dict(plan.parallel)
+    rows, cols, outer = (tuple((s, extent[s]) for s in side) for side in (product.rows, product.cols, product.batch))
     n_k = math.prod(n for _, n in k)
     mr, nr = GEMM_TILES.get(vector_bytes, GEMM_TILES[0])
     m, n = math.prod(n for _, n in rows), math.prod(n for _, n in cols)
@@ -419,8 +419,8 @@ def plan_gemm(plan: ContractionPlan, vector_bytes: int) -> GemmPlan | None:
         rows=rows,
         cols=cols,
         k=k,
-        a=a,
-        b=b,
+        a=product.a,
+        b=product.b,
         a_first=a_first,
         block=block,
         c_strides=(row_stride, col_stride) if row_stride is not None and col_stride is not None else None,
@@ -750,13 +750,14 @@ class NestPlan:
     tile_nests: tuple[tuple[TileNest, ...], ...] = ()
 
 
-def plan_nest(loop: For, vector_bytes: int | None, threads: bool) -> NestPlan:
+def plan_nest(loop: For, vector_bytes: int | None, threads: bool, tiles: bool = True) -> NestPlan:
     """The plan of the nest headed by ``loop``, which the walk reaches outside local scopes and
     tiles: register tiles or a packed GEMM where :func:`plan_contraction` finds a contraction
-    (``vector_bytes`` as there), else the nest in store order where that differs
-    (:func:`store_ordered_nest`), else the loop as it is (:func:`plan_loop`). ``threads``: a
-    parallel region may open here (the target has threads, and none is open around ``loop``)."""
-    contraction = plan_contraction(loop, vector_bytes)
+    (``vector_bytes`` as there; ``tiles``: the target prints contractions, as C does), else the
+    nest in store order where that differs (:func:`store_ordered_nest`), else the loop as it is
+    (:func:`plan_loop`). ``threads``: a parallel region may open here (the target has threads,
+    and none is open around ``loop``)."""
+    contraction = plan_contraction(loop, vector_bytes) if tiles else None
     if contraction is None:
         ordered = store_ordered_nest(loop)
         if ordered is None:
@@ -936,3 +937,44 @@ class _ScopeAsCell(Rewriter):
 
     def expr(self, e: Expr) -> Expr:
         return self.cell if e is self.scope else self.rebuild_expr(e)
+
+
+@dataclass(frozen=True)
+class TopLevelPlan:
+    """How the C walk prints one top-level statement ``stmt`` of a routine
+    (``CTarget.statements``, ``ocannl/backends/c/target.py``), decided by :func:`plan_top_level`.
+
+    ``kind``: ``"split"``, a GEMM-class product inlined into its consumer, printed as the plans
+    ``parts`` (the product as a packed GEMM, then its consumer, :func:`gemm_with_epilogue`);
+    ``"function"``, a loop nest that uses no local of the code around it, printed as a helper
+    function of its own (the C compiler optimizes many short functions faster than one long one);
+    ``"inline"``, printed in place (a contraction prints its own function). ``nest``: the plan of a
+    loop nest printed in place or as a function (``None``: a split, or a statement that is no
+    loop)."""
+
+    stmt: Stmt
+    kind: Literal["split", "function", "inline"]
+    nest: NestPlan | None = None
+    parts: tuple[TopLevelPlan, ...] = ()
+
+
+def plan_top_level(stmt: Stmt, vector_bytes: int | None, threads: bool) -> TopLevelPlan:
+    """The :class:`TopLevelPlan` of ``stmt``; ``vector_bytes`` and ``threads`` as for
+    :func:`plan_nest` (``vector_bytes`` not ``None``: products may run as packed GEMMs)."""
+    if not isinstance(stmt, For):
+        return TopLevelPlan(stmt, "inline")
+    nest = plan_nest(stmt, vector_bytes, threads)
+    contraction = nest.contraction
+    split = (gemm_with_epilogue(stmt, vector_bytes, contraction)
+             if vector_bytes is not None and contraction is not None else None)
+    if split is not None:
+        parts = tuple(plan_top_level(part, vector_bytes, threads) for part in split if part is not None)
+        return TopLevelPlan(stmt, "split", parts=parts)
+    if contraction is None and _self_contained(stmt):
+        return TopLevelPlan(stmt, "function", nest)
+    return TopLevelPlan(stmt, "inline", nest)
+
+
+def _self_contained(stmt: Stmt) -> bool:
+    """Whether every local ``stmt`` uses is declared inside it (it can move into a function)."""
+    return locals_read(stmt) | locals_written(stmt) <= locals_bound(stmt)

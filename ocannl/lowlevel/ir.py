@@ -33,7 +33,8 @@ symbol counter.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+import functools
+from dataclasses import dataclass
 from typing import Callable, Iterator, Union
 
 from ocannl.errors import ShapeError
@@ -450,15 +451,29 @@ def nesting(node: Stmt | Expr) -> int:
 @dataclass(frozen=True)
 class RoutineIR:
     """One compiled unit: a body plus what the runtime needs to know about it (the index symbols
-    to bind before a run, and the nodes it reads and writes, in order of first access)."""
+    to bind before a run, and the nodes it reads and writes, in order of first access).
+
+    Those three are found by one walk of the body, on first use: the passes of
+    ``lowlevel/optimize.py`` make a routine per step and read them of few, and a walk of a deep
+    network's routine takes tens of milliseconds."""
 
     name: str
     body: Stmt
-    static_symbols: tuple[IndexSymbol, ...] = field(init=False)
-    reads: tuple[TNode, ...] = field(init=False)
-    writes: tuple[TNode, ...] = field(init=False)
 
-    def __post_init__(self) -> None:
+    @property
+    def static_symbols(self) -> tuple[IndexSymbol, ...]:
+        return self._accesses[0]
+
+    @property
+    def reads(self) -> tuple[TNode, ...]:
+        return self._accesses[1]
+
+    @property
+    def writes(self) -> tuple[TNode, ...]:
+        return self._accesses[2]
+
+    @functools.cached_property
+    def _accesses(self) -> tuple[tuple[IndexSymbol, ...], tuple[TNode, ...], tuple[TNode, ...]]:
         symbols: dict[IndexSymbol, None] = {}
         reads: dict[TNode, None] = {}
         writes: dict[TNode, None] = {}
@@ -477,9 +492,7 @@ class RoutineIR:
                 accesses.append(stmt.indices)
             for idx in (i for a in accesses for i in a):
                 symbols.update((s, None) for s in index_symbols(idx) if isinstance(s, IndexSymbol))
-        object.__setattr__(self, "static_symbols", tuple(symbols))
-        object.__setattr__(self, "reads", tuple(reads))
-        object.__setattr__(self, "writes", tuple(writes))
+        return tuple(symbols), tuple(reads), tuple(writes)
 
 
 # ---------------------------------------------------------------------------------------------

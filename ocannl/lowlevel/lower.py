@@ -44,8 +44,8 @@ from ocannl.lowlevel.indexing import (
     index_symbols,
 )
 from ocannl.lowlevel.ir import (
-    Binary, Cast, Comment, Const, EmbedIndex, Expr, Fill, Load, LoadDynamic, RoutineIR, Seq, Stmt, Store,
-    StoreDynamic, Ternary, Unary, loop, seq,
+    Binary, Cast, Comment, Const, DeclareLocal, EmbedIndex, Expr, Fill, GetLocal, Load, LoadDynamic, Local,
+    RoutineIR, Seq, SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary, loop, seq,
 )
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop, neutral_element, operand_dtypes
 from ocannl.lowlevel.tnode import TNode
@@ -120,9 +120,10 @@ def lower_accumulation(a: Accum) -> Stmt:
         return _convert(Load(r, tuple(indices), oob_value), dtype)
 
     lhs_idx = tuple(_substitute(idx, subst) for idx in proj.project_lhs)
+    shared: list[Stmt] = []  # the locals of an Apply's shared sub-expressions, set before the store
     if isinstance(a.fn, Apply):
         offset = row_major_offset(lhs_idx, a.lhs.dims)
-        value = _apply_tree(a.fn, lambda j, dtype: operand(j, a.rhs[j], dtype), offset, compute)
+        value = _apply_tree(a.fn, lambda j, dtype: operand(j, a.rhs[j], dtype), offset, compute, shared)
     elif a.fn is Ternop.WHERE:
         cond = operand(0, a.rhs[0], a.rhs[0].dtype.compute if isinstance(a.rhs[0], TNode) else compute)
         args = [cond] + [operand(j, r, compute) for j, r in enumerate(a.rhs) if j > 0]
@@ -141,7 +142,7 @@ def lower_accumulation(a: Accum) -> Stmt:
             value = Binary(a.accum, Load(a.lhs, lhs_idx, 0 if skip_oob else None), value)
         elif a.accum in (Binop.SUB, Binop.DIV):
             value = Binary(a.accum, neutral, value)  # each cell is written once, from the neutral
-    nest: Stmt = Store(a.lhs, lhs_idx, value, skip_oob)
+    nest: Stmt = seq(*shared, Store(a.lhs, lhs_idx, value, skip_oob))
 
     if not (a.initialize_neutral and not (proj.is_surjective() and proj.is_injective())):
         return _wrap(loops, nest)
@@ -278,18 +279,64 @@ def _apply_tree(
     operand: Callable[[int, DType], Expr],
     offset: AxisIndex,
     dtype: DType,
+    definitions: list[Stmt],
 ) -> Expr:
     """An :class:`Apply` expression yielding a ``dtype`` value, with ``operand(j, type)`` reading
     operand ``j`` and ``offset`` the written cell's offset. Operators compute in their result's
-    type, except the PRNG operators, whose operand types are fixed (``operand_dtypes``)."""
-    if isinstance(fn, Arg):
-        return operand(fn.index, dtype)
-    if isinstance(fn, CellOffset):
-        return _embed(offset, dtype)
-    if not isinstance(fn, Apply):
-        return _const(fn, dtype)
-    types = operand_dtypes(fn.op, dtype)
-    return _apply(fn.op, [_apply_tree(x, operand, offset, t) for x, t in zip(fn.args, types)], dtype)
+    type, except the PRNG operators, whose operand types are fixed (``operand_dtypes``).
+
+    ``fn`` may be a graph: one :class:`Apply` object read by several arguments (``prng.box_muller``
+    reads its reduced argument at every step of a binary search). Such a sub-expression, where
+    ``fn`` evaluates it unconditionally (:func:`_shared_subexpressions`), is lowered once: its
+    ``declare t; t := e`` are appended to ``definitions``, to run before the expression, and each
+    use reads ``t``, as common-subexpression elimination (optimize.py) would leave it. Lowered at
+    each use instead, it would be copied once per path to it, exponentially many for
+    ``box_muller``, for the elimination to merge again. A uint4x32 value stays at each use, as
+    no local holds one (the same rule as ``optimize.virtualize``'s)."""
+    shared, lowered = _shared_subexpressions(fn), {}
+
+    def tree(x: Apply | Arg | CellOffset | float | int | tuple, t: DType) -> Expr:
+        if isinstance(x, Arg):
+            return operand(x.index, t)
+        if isinstance(x, CellOffset):
+            return _embed(offset, t)
+        if not isinstance(x, Apply):
+            return _const(x, t)
+        if (id(x), t) in lowered:
+            return lowered[id(x), t]
+        e = _apply(x.op, [tree(arg, u) for arg, u in zip(x.args, operand_dtypes(x.op, t))], t)
+        if id(x) in shared and t is not dtypes.uint4x32 and isinstance(e, (Unary, Binary, Ternary)):
+            local = Local(t)
+            definitions.extend((DeclareLocal(local), SetLocal(local, e)))
+            e = lowered[id(x), t] = GetLocal(local)
+        return e
+
+    return tree(fn, dtype)
+
+
+def _shared_subexpressions(fn: Apply | Arg | CellOffset | float | int | tuple) -> set[int]:
+    """The ids of the :class:`Apply` objects in ``fn`` read by more than one argument, among
+    those evaluated whenever ``fn`` is (reached without entering a ``where``'s branches, which
+    are evaluated only when chosen). Each object is visited once."""
+    uses: dict[int, int] = {}
+    stack, seen = [fn], set()
+    while stack:
+        x = stack.pop()
+        if not isinstance(x, Apply) or id(x) in seen:
+            continue
+        seen.add(id(x))
+        for arg in x.args:
+            uses[id(arg)] = uses.get(id(arg), 0) + 1
+        stack.extend(x.args)
+    unconditional: set[int] = set()
+    stack = [fn]
+    while stack:
+        x = stack.pop()
+        if id(x) in unconditional or not isinstance(x, Apply):
+            continue
+        unconditional.add(id(x))
+        stack.extend(x.args[:1] if x.op is Ternop.WHERE else x.args)
+    return {i for i in unconditional if uses.get(i, 0) > 1}
 
 
 def _in_nest_reset_depth(

@@ -74,6 +74,7 @@ def scalar_unary(op: Unop, dtype: DType) -> Callable[[Any], Any]:
         Unop.RECIP_SQRT: lambda x: one / np.sqrt(x),
         Unop.NEG: operator.neg,
         Unop.SIGMOID: lambda x: one / (one + np.exp(-x)),
+        Unop.ERF: lambda x: t(math.erf(x)),
         Unop.ABS: abs,
         Unop.NOT: lambda x: one if x == zero else zero,
     }
@@ -176,6 +177,7 @@ def array_unary(op: Unop, dtype: DType) -> Callable[[Any], Any]:
         Unop.RECIP_SQRT: lambda x: np.divide(one, np.sqrt(x)),
         Unop.NEG: np.negative,
         Unop.SIGMOID: lambda x: np.divide(one, np.add(one, np.exp(np.negative(x)))),
+        Unop.ERF: _elementwise_erf(dtype),
         Unop.ABS: np.abs,
         Unop.NOT: lambda x: np.where(x == zero, one, zero),
     }
@@ -214,6 +216,14 @@ def _elementwise_pow(dtype: DType) -> Callable[[Any, Any], Any]:
     scalar, t = scalar_binary(Binop.POW, dtype), dtype.scalar
     apply = np.frompyfunc(lambda a, b: scalar(t(a), t(b)), 2, 1)
     return lambda a, b: np.asarray(apply(*np.broadcast_arrays(a, b)), dtype=object).astype(dtype.storage)
+
+
+def _elementwise_erf(dtype: DType) -> Callable[[Any], Any]:
+    """The scalar ``erf`` on each element: numpy has no error function, and the scalar form's,
+    the C library's float64 ``erf`` (``math.erf``) rounded to the compute type, is the one to
+    repeat bit for bit."""
+    apply = np.frompyfunc(math.erf, 1, 1)
+    return lambda x: np.asarray(apply(np.asarray(x, dtype=np.float64)), dtype=np.float64).astype(dtype.storage)
 
 
 def _elementwise_quotient(dtype: DType, scalar: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:

@@ -4,9 +4,9 @@ Each operator is an enum member whose value is its catalog name (``relu``, ``add
 meaning of each one, for float operands of a compute type (dtypes.py):
 
 * unary: ``id``; ``relu x = max(x, 0)``; ``sat01 x = min(max(x, 0), 1)``; ``exp``, ``log``,
-  ``exp2``, ``log2``, ``sin``, ``cos``, ``sqrt``, ``tanh`` as in libm; ``recip x = 1 / x``;
-  ``recip_sqrt x = 1 / sqrt(x)`` (two roundings); ``neg``; ``sigmoid x = 1 / (1 + exp(-x))``
-  evaluated in that order; ``abs``; ``not x = (x == 0)``.
+  ``exp2``, ``log2``, ``sin``, ``cos``, ``sqrt``, ``tanh`` and ``erf`` (the error function) as in
+  libm; ``recip x = 1 / x``; ``recip_sqrt x = 1 / sqrt(x)`` (two roundings); ``neg``;
+  ``sigmoid x = 1 / (1 + exp(-x))`` evaluated in that order; ``abs``; ``not x = (x == 0)``.
 * binary: ``add sub mul div``; ``pow`` (float only) is C99's ``pow``, special values included
   (``pow(-0.0, 0.5) = +0.0`` and ``pow(-inf, 0.5) = +inf``, where ``sqrt`` gives -0.0 and NaN;
   ``pow(x, ±0) = pow(1, y) = pow(-1, ±inf) = 1`` even for a NaN ``x`` or ``y``), whether the
@@ -79,6 +79,7 @@ class Unop(_Operator):
     NEG = "neg"
     TANH = "tanh"
     SIGMOID = "sigmoid"
+    ERF = "erf"
     ABS = "abs"
     NOT = "not"
     UNIFORM1 = "uniform1"
@@ -139,7 +140,7 @@ _ARITIES: dict[type[_Operator], int] = {Unop: 1, Binop: 2, Ternop: 3}
 
 FLOAT_ONLY_OPS: frozenset[ScalarOp] = frozenset({
     Unop.EXP, Unop.LOG, Unop.EXP2, Unop.LOG2, Unop.SIN, Unop.COS, Unop.SQRT, Unop.RECIP, Unop.RECIP_SQRT,
-    Unop.TANH, Unop.SIGMOID, Binop.POW})
+    Unop.TANH, Unop.SIGMOID, Unop.ERF, Binop.POW})
 """The operators defined on float operands only: the transcendental ones, the reciprocals and
 ``pow``. The others take integer operands too (``div`` and ``mod`` truncating as C does), except
 the PRNG operators, whose operand types are fixed (:func:`operand_dtypes`)."""
@@ -171,18 +172,21 @@ def operand_dtypes(op: ScalarOp, result: DType) -> tuple[DType, ...]:
 
 
 LIBM_OPS: frozenset[ScalarOp] = frozenset(
-    {Unop.EXP, Unop.LOG, Unop.EXP2, Unop.LOG2, Unop.SIN, Unop.COS, Unop.TANH, Unop.SIGMOID})
+    {Unop.EXP, Unop.LOG, Unop.EXP2, Unop.LOG2, Unop.SIN, Unop.COS, Unop.TANH, Unop.SIGMOID, Unop.ERF})
 """The operators whose float results are a math library's approximations, not correctly rounded
-results: the interpreter takes numpy's (its own vectorized routines on most x86-64 CPUs), the C
-backend and the Metal shim the C library's, so the two may differ in the last bits. ``sigmoid``
-is here through its ``exp``. ``pow`` is not: every CPU backend calls the C library's ``pow``."""
+results: the interpreter takes numpy's (its own vectorized routines on most x86-64 CPUs; for
+``erf``, which numpy lacks, the C library's float64 one, rounded), the C backend and the Metal
+shim the C library's (Metal's ``erf``, which MSL lacks, a float polynomial of its own), so the
+two may differ in the last bits. ``sigmoid`` is here through its ``exp``. ``pow`` is not: every
+CPU backend calls the C library's ``pow``."""
 
 LIBM_MAX_ULPS = 4
 """The most the results of :data:`LIBM_OPS` differ between the interpreter and the C backend, in
 units in the last place of the result's precision: measured over 10^6 float32 and 10^6 float64
 arguments per operator (half spread over the operator's useful range, half random bit patterns
 of every magnitude), the largest difference was 4 (``sigmoid``); ``exp2``, ``log``, ``tanh``
-reached 3, ``exp``, ``log2``, ``sin`` 2 and ``cos`` 1 (docs/semantics.md, "Numerics")."""
+reached 3, ``exp``, ``log2``, ``sin`` 2, ``cos`` and ``erf`` 1 (Metal's ``erf`` 1 too)
+(docs/semantics.md, "Numerics")."""
 
 ACCUMULATORS: frozenset[Binop] = frozenset({Binop.ADD, Binop.SUB, Binop.MUL, Binop.DIV, Binop.MAX, Binop.MIN})
 """The operators an accumulating assignment may accumulate with (``=+``, ``=:*``, ...)."""

@@ -25,6 +25,13 @@ need (each cell owned by one parallel iteration and reset at most once).
 
 :func:`update_of` is the innermost step alone (``x := x <op> term``), for passes that walk the
 nest themselves (Triton's in-kernel reductions and its ``tl.dot`` contractions).
+
+A sum of products ``a * b`` whose factors split the parallel loops into rows (read by ``a``
+only) and columns (read by ``b`` only) is a :class:`Contraction`, recognized by
+:func:`contraction_of` for both planners of matrix products: the CPU's packed GEMM
+(``cpu_schedule.plan_gemm``, on the terms of a :class:`Reduction`) and Triton's ``tl.dot``
+kernels (``backends/partition.py``, on an update statement found by walking the kernel's body).
+Each keeps its own limits (dtypes, sizes, which factor comes first) and its own plan.
 :func:`regrouping` says, for each accumulation operator, how its terms may be combined out of
 loop order, and whether that is exact.
 """
@@ -32,16 +39,17 @@ loop order, and whether that is exact.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Sequence
 
-from ocannl.lowlevel.analysis import indices_symbols, loop_chain
+from ocannl.lowlevel.analysis import expr_symbols, indices_symbols, loop_chain
 from ocannl.lowlevel.dtypes import DType
 from ocannl.lowlevel.indexing import AnySymbol, Iter, Symbol
 from ocannl.lowlevel.ir import (
     Binary, Const, Expr, For, GetLocal, Load, LoadDynamic, Local, LocalScope, LoopKind, Seq, SetLocal, Stmt, Store,
-    iter_exprs, iter_stmts, seq, total_over_executions,
+    Ternary, iter_exprs, iter_stmts, seq, total_over_executions,
 )
-from ocannl.lowlevel.scalar_ops import Binop
+from ocannl.lowlevel.scalar_ops import Binop, Ternop
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,66 @@ def update_of(stmt: Stmt, commutative: frozenset[Binop] = frozenset()) -> Update
         case Binary(op=op, a=a, b=b) if b == old and op in commutative:
             return Update(op, stmt, a)
     return None
+
+
+def product_factors(update: Store | SetLocal) -> tuple[Expr, Expr] | None:
+    """``(a, b)`` when ``update`` sets its target to ``old + a * b`` (the sum in either order, or
+    ``fma(a, b, old)``), else ``None``."""
+    found = update_of(update, frozenset({Binop.ADD}))
+    if found is not None:
+        match found:
+            case Update(op=Binop.ADD, term=Binary(op=Binop.MUL, a=a, b=b)):
+                return a, b
+        return None
+    old = Load(update.tnode, update.indices) if isinstance(update, Store) else GetLocal(update.local)
+    match update.value:
+        case Ternary(op=Ternop.FMA, a=a, b=b, c=x) if x == old:
+            return a, b
+    return None
+
+
+@dataclass(frozen=True)
+class Contraction:
+    """A sum of products ``a * b`` into one cell per iteration of the parallel loops, over the
+    reduction loops ``k`` (``(symbol, extent)``, the order of each cell's terms). The parallel
+    loops split into ``rows`` (read by ``a`` only), ``cols`` (read by ``b`` only) and ``batch``
+    (read by both or neither), each in the order the planner gave them.
+
+    ``update`` and ``site`` are set where the sum is one statement inside a chain of loops: the
+    statement adding each product (a store into the cell, or the setting of a local the
+    optimizer inlined the cell into) and the outermost loop of ``k``. A planner that reads the
+    terms out of the summation order's blocks has no such statement."""
+
+    a: Expr
+    b: Expr
+    rows: tuple[Symbol, ...]
+    cols: tuple[Symbol, ...]
+    batch: tuple[Symbol, ...]
+    k: tuple[tuple[Symbol, int], ...]
+    update: Store | SetLocal | None = None
+    site: For | None = None
+
+    def swapped(self) -> Contraction:
+        """The same sum as ``b * a`` (bit for bit the same products): rows and columns trade
+        places. Planners swap to put the output's contiguous direction in the columns."""
+        return replace(self, a=self.b, b=self.a, rows=self.cols, cols=self.rows)
+
+
+def contraction_of(
+    a: Expr, b: Expr, parallel: Sequence[Symbol], k: Sequence[tuple[Symbol, int]], *,
+    update: Store | SetLocal | None = None, site: For | None = None,
+) -> Contraction | None:
+    """The :class:`Contraction` of the products ``a * b`` over the reduction loops ``k`` with
+    the parallel loops ``parallel``, or ``None`` when no parallel loop is read by ``a`` alone
+    or none by ``b`` alone (a product of a matrix with a vector, or an outer product without
+    rows: nothing to tile on both sides)."""
+    sa, sb = expr_symbols(a), expr_symbols(b)
+    rows = tuple(s for s in parallel if s in sa and s not in sb)
+    cols = tuple(s for s in parallel if s in sb and s not in sa)
+    if not rows or not cols:
+        return None
+    batch = tuple(s for s in parallel if s not in rows and s not in cols)
+    return Contraction(a, b, rows, cols, batch, tuple(k), update, site)
 
 
 @dataclass(frozen=True)

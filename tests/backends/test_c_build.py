@@ -189,13 +189,14 @@ def test_a_target_this_cpu_cannot_run_is_an_error(monkeypatch, tmp_path):
 
 
 def pointwise_chain(n: int) -> tuple[RoutineIR, TNode]:
-    """``t_k[i] := relu(t_{k-1}[i] * 1.5 - 0.25)`` for k = 1..n: n top-level loop nests."""
+    """``t_k[i] := relu(t_{k-1}[i] * 1.5 - 0.25 k)`` for k = 1..n: n top-level loop nests, all
+    different (identical ones would share a function, ``shared_helpers.py``)."""
     nodes = [TNode(f"t{k}", (5,), dtypes.float32) for k in range(n + 1)]
     nests = []
-    for prev, node in zip(nodes, nodes[1:]):
+    for k, (prev, node) in enumerate(zip(nodes, nodes[1:]), start=1):
         i = Symbol()
         value = Binary(Binop.SUB, Binary(Binop.MUL, Load(prev, (Iter(i),)), Const(1.5, dtypes.float32)),
-                       Const(0.25, dtypes.float32))
+                       Const(0.25 * k, dtypes.float32))
         nests.append(loop(i, 5, Store(node, (Iter(i),), Unary(Unop.RELU, value))))
     return RoutineIR("chain", seq(*nests)), nodes[0]
 

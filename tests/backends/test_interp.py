@@ -190,6 +190,7 @@ FLOAT32_UNARY = {
     Unop.COS: np.cos, Unop.SQRT: np.sqrt, Unop.TANH: np.tanh, Unop.NEG: np.negative, Unop.ABS: np.abs,
     Unop.RECIP: lambda x: np.float32(1) / x, Unop.RECIP_SQRT: lambda x: np.float32(1) / np.sqrt(x),
     Unop.SIGMOID: lambda x: np.float32(1) / (np.float32(1) + np.exp(-x)),
+    Unop.ERF: np.vectorize(math.erf, otypes=[np.float64]),
     Unop.RELU: lambda x: np.maximum(x, np.float32(0)),
     Unop.SAT01: lambda x: np.minimum(np.maximum(x, np.float32(0)), np.float32(1)),
     Unop.NOT: lambda x: (x == 0).astype(np.float32), Unop.ID: lambda x: x,

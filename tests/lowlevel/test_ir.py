@@ -154,7 +154,7 @@ def test_operator_arity_and_float_only():
 
     assert all(op.arity == n for ops, n in ((Unop, 1), (Binop, 2), (Ternop, 3)) for op in ops)
     assert FLOAT_ONLY_OPS == {Unop.EXP, Unop.LOG, Unop.EXP2, Unop.LOG2, Unop.SIN, Unop.COS, Unop.SQRT, Unop.RECIP,
-                              Unop.RECIP_SQRT, Unop.TANH, Unop.SIGMOID, Binop.POW}
+                              Unop.RECIP_SQRT, Unop.TANH, Unop.SIGMOID, Unop.ERF, Binop.POW}
     n = Load(TNode("n", (), dtypes.int32), ())
     for op in (*Unop, *Binop):
         if op in PRNG_OPS:
@@ -166,3 +166,14 @@ def test_operator_arity_and_float_only():
                 build()
         else:
             assert build().dtype is dtypes.int32
+
+
+def test_a_routine_walks_its_body_for_its_accesses_only_when_asked():
+    """The optimizer makes a routine per pass: building one must not walk its body (a deep
+    network's routine takes tens of milliseconds a walk)."""
+    a, b = TNode("a", (3,), dtypes.float32), TNode("b", (3,), dtypes.float32)
+    i = Symbol()
+    routine = RoutineIR("r", loop(i, 3, Store(b, (Iter(i),), Load(a, (Iter(i),)))))
+    assert "_accesses" not in vars(routine)
+    assert (routine.reads, routine.writes, routine.static_symbols) == ((a,), (b,), ())
+    assert "_accesses" in vars(routine)

@@ -11,10 +11,12 @@ from ocannl.backends.metal import emit as metal_emit
 from ocannl.lowlevel import dtypes, summation
 from ocannl.lowlevel.indexing import Fixed, Iter, Symbol
 from ocannl.lowlevel.ir import (
-    Binary, Const, For, GetLocal, Load, Local, LocalScope, RoutineIR, SetLocal, Store, Unary, loop, seq,
+    Binary, Const, For, GetLocal, Load, Local, LocalScope, RoutineIR, SetLocal, Store, Ternary, Unary, loop, seq,
 )
-from ocannl.lowlevel.scalar_ops import Binop, Unop
-from ocannl.lowlevel.schedule import Reduction, blocked_reduction_of, reduction_of, update_of
+from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
+from ocannl.lowlevel.schedule import (
+    Contraction, Reduction, blocked_reduction_of, contraction_of, product_factors, reduction_of, update_of,
+)
 from ocannl.lowlevel.tnode import TNode
 
 M, N, K = 16, 16, 32
@@ -245,3 +247,46 @@ def test_nest_plan_of_plain_loops_decides_threads_and_store_order():
     transposed = loop(q, 4, loop(r, 8, Store(b, (Iter(r), Iter(q)), Load(a, (Iter(r), Iter(q))))))
     reordered = cpu_schedule.plan_nest(transposed, 32, threads=True)
     assert reordered.nest.symbol is r and reordered.nest.body.symbol is q and reordered.branchless
+
+
+# ---------------------------------------------------------------------------------------------
+# Contractions: one record for the CPU's packed GEMMs and Triton's tl.dot kernels
+
+
+def test_product_factors_read_a_sum_in_either_order_and_an_fma():
+    a, b, c = matmul_nodes()
+    i, j, k = Symbol(), Symbol(), Symbol()
+    x, y = product(a, b, i, j, k).a, product(a, b, i, j, k).b
+    cell = (Iter(i), Iter(j))
+    old = Load(c, cell)
+    assert product_factors(accumulate(c, i, j, product(a, b, i, j, k))) == (x, y)
+    assert product_factors(Store(c, cell, Binary(Binop.ADD, product(a, b, i, j, k), old))) == (x, y)
+    assert product_factors(Store(c, cell, Ternary(Ternop.FMA, x, y, old))) == (x, y)
+    v = Local(dtypes.float32)
+    assert product_factors(SetLocal(v, Binary(Binop.ADD, GetLocal(v), product(a, b, i, j, k)))) == (x, y)
+    assert product_factors(accumulate(c, i, j, Binary(Binop.ADD, x, y))) is None, "a sum of sums"
+    assert product_factors(accumulate(c, i, j, product(a, b, i, j, k), op=Binop.MAX)) is None
+
+
+def test_contraction_of_splits_the_parallel_loops_by_the_factor_reading_them():
+    p, i, j, k = Symbol(), Symbol(), Symbol(), Symbol()
+    a, b = TNode("a", (2, M, K)), TNode("b", (2, K, N))
+    x, y = Load(a, (Iter(p), Iter(i), Iter(k))), Load(b, (Iter(p), Iter(k), Iter(j)))
+    c = contraction_of(x, y, (p, i, j), ((k, K),))
+    assert c == Contraction(x, y, rows=(i,), cols=(j,), batch=(p,), k=((k, K),))
+    assert c.update is None and c.site is None, "no statement given: read from terms"
+    assert c.swapped() == Contraction(y, x, rows=(j,), cols=(i,), batch=(p,), k=((k, K),))
+    vector = Load(TNode("v", (K,)), (Iter(k),))
+    assert contraction_of(x, vector, (p, i), ((k, K),)) is None, "a matrix times a vector has no columns"
+
+
+def test_the_cpu_and_triton_planners_read_the_same_contraction():
+    from ocannl.backends.partition import find_contraction
+
+    nest = _matmul(256, 256, 32)
+    i, j = nest.symbol, nest.body.symbol
+    gpu = find_contraction(nest, (i, j))
+    cpu = cpu_schedule.plan_nest(nest, 32, threads=True).contraction.gemm
+    assert (gpu.rows, gpu.cols, gpu.batch, gpu.k) == ((i,), (j,), (), cpu.k)
+    assert (gpu.a, gpu.b) == (cpu.a, cpu.b) and cpu.rows == ((i, 256),) and cpu.cols == ((j, 256),)
+    assert isinstance(gpu.update, Store) and gpu.site is nest.body.body.stmts[1], "the loop over k"

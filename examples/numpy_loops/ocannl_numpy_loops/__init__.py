@@ -284,6 +284,7 @@ _UNARY: dict[Unop, Callable[[DType], Callable]] = {
     Unop.RECIP_SQRT: lambda t: lambda x: t.scalar(1) / np.sqrt(x),
     Unop.NEG: lambda t: lambda x: -x,
     Unop.SIGMOID: lambda t: lambda x: t.scalar(1) / (t.scalar(1) + np.exp(-x)),
+    Unop.ERF: lambda t: lambda x: t.scalar(math.erf(x)),  # numpy has none: the C library's, rounded
     Unop.ABS: lambda t: abs,
     Unop.NOT: lambda t: _truth(t, lambda x: x == 0),
     Unop.UNIFORM1: lambda t: (lambda b: prng_reference.uniform1_float32(b)[()]) if t is dtypes.float32

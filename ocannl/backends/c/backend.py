@@ -2,9 +2,10 @@
 (compiler.py), loaded with ctypes and called on the context's numpy arrays in place; the library
 is unloaded when the executable is garbage-collected (ocannl/backends/shared_library.py).
 
-OpenMP threads spin briefly after a parallel loop, then sleep (``compiler.openmp_wait_settings``,
-unless the environment says otherwise): spinning longer would compete with numpy's and torch's
-own thread pools. As
+Each run gets as many OpenMP threads as there are cores other processes leave free
+(``threads.py``); they spin briefly after a parallel loop, then sleep
+(``compiler.openmp_wait_settings``, unless the environment says otherwise): spinning longer would
+compete with numpy's and torch's own thread pools (docs/codegen.md, "Threads"). As
 with any OpenMP program, a process that forks after running a kernel must not run kernels in the
 child (use the ``spawn`` start method of multiprocessing), or set ``OCANNL_C_OPENMP=0``.
 """
@@ -20,10 +21,11 @@ import numpy as np
 from ocannl.backends.bindings import at_step
 from ocannl.backends.c.compiler import compile_shared, openmp_wait_settings, toolchain
 from ocannl.backends.c.emit import CSource, emit_c
+from ocannl.backends.c.threads import adapts, free_cores
 from ocannl.backends.native import buffer_address, raise_for_status
 from ocannl.backends.profile import Counters
 from ocannl.backends.shared_library import SharedLibrary
-from ocannl.errors import BackendUnavailable, OcannlError
+from ocannl.errors import BackendUnavailable, CompileError, OcannlError
 from ocannl.lowlevel.indexing import IndexSymbol
 from ocannl.lowlevel.ir import RoutineIR
 from ocannl.lowlevel.tnode import TNode
@@ -69,6 +71,9 @@ class CExecutable:
             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
             ctypes.c_void_p, ctypes.c_void_p])
         self._sizes = [n.size * n.dtype.lanes for n in source.nodes]
+        # A routine without a parallel region (the moons step) runs on the calling thread alone:
+        # it pays nothing for the thread count.
+        self._set_threads = _thread_count_setter(shared) if "#pragma omp" in source.text else None
         self._prepared: Callable[[Mapping[IndexSymbol, int]], None] | None = None
         self.profiling = source.profile_entry is not None
         """A profiling build (ocannl/backends/profile.py): :meth:`take_profile` reads its counters."""
@@ -109,13 +114,13 @@ class CExecutable:
             # Bindings were checked by Routine.run (base.check_binding): each fits in 64 bits.
             for k, symbol in slots:
                 symbols[k] = bindings[symbol]
-            status = function(addresses, symbols)
+            status = invoke()
             if status:
                 raise_for_status(status, sites)
 
         call.arrays, call.addresses = arrays, addresses
         call.order, call.values = order, symbols
-        call.invoke = functools.partial(function, addresses, symbols)
+        invoke = call.invoke = self._on_free_cores(functools.partial(function, addresses, symbols))
         call.fail = functools.partial(raise_for_status, sites=sites)
         return call
 
@@ -133,7 +138,7 @@ class CExecutable:
             outputs.append(np.empty((n, *array.shape), array.dtype))
         pointers = ctypes.c_void_p * len(records)
         failed = ctypes.c_int64(-1)
-        status = self._steps_function(
+        status = self._on_free_cores(self._steps_function)(
             addresses, table.ctypes.data, n, len(records), pointers(*sources),
             pointers(*(out.ctypes.data for out in outputs)), (ctypes.c_int64 * len(records))(*sizes),
             ctypes.byref(failed))
@@ -143,6 +148,19 @@ class CExecutable:
             except (OcannlError, ZeroDivisionError) as e:
                 raise at_step(e, failed.value) from None
         return outputs
+
+    def _on_free_cores(self, entry: Callable[..., int]) -> Callable[..., int]:
+        """``entry``, setting the OpenMP thread count to the free cores first (``threads.py``);
+        ``entry`` itself where the library runs no threads or the count is fixed."""
+        if self._set_threads is None:
+            return entry
+        set_threads, threads = self._set_threads, free_cores().threads
+
+        def on_free_cores(*args) -> int:
+            set_threads(threads())
+            return entry(*args)
+
+        return on_free_cores
 
     def _check_buffers(self, arrays: list[np.ndarray]) -> list[int]:
         """The arrays' addresses, after checking each fits its node and none overlap."""
@@ -154,6 +172,17 @@ class CExecutable:
             spans.append((address, address + array.nbytes, node))
         _check_disjoint(spans)
         return args
+
+
+def _thread_count_setter(shared: SharedLibrary) -> Callable[[int], None] | None:
+    """OpenMP's ``omp_set_num_threads``, found through the library's dependencies, when the
+    library was built with OpenMP and the count follows the free cores (``threads.adapts``)."""
+    if not adapts():
+        return None
+    try:
+        return shared.function("omp_set_num_threads", None, [ctypes.c_int])
+    except CompileError:
+        return None
 
 
 def _check_disjoint(spans: list[tuple[int, int, TNode]]) -> None:

@@ -35,12 +35,16 @@ The fast setting, ``OCANNL_C_FAST=1`` (or ``c_fast=1``), adds ``-ffp-contract=fa
 fuse where the target has FMA, so float results may differ from the interpreter in the last bits.
 ``-fopenmp`` is added when the compiler supports it (``OCANNL_C_OPENMP=0`` turns it off); the
 generated code asks for threads only on loops whose iterations write disjoint cells (codegen.py),
-so results do not depend on the thread count (``OMP_NUM_THREADS``).
+so results do not depend on the thread count, which each run takes from the cores other processes
+leave free, at most ``OMP_NUM_THREADS`` (``threads.py``).
 
 **Cache.** A compiled kernel is ``<cache>/c/<key>.so`` (the compiler checks' own in
 ``<cache>/c/probes/``), ``key = sha256(source, compiler path and version, flags)``, the version
 carrying the CPU's identity under ``native``; where ``<cache>`` is, who may write it and how each
-library is verified before it is loaded is ``ocannl/backends/cache.py``.
+library is verified before it is loaded is ``ocannl/backends/cache.py``. A source longer than
+:data:`PARALLEL_BYTES` is compiled as one translation unit per core for its helper functions and
+one for the routine (``emit.translation_units``), by as many compiler processes at once, into
+object files in a temporary folder, then linked into that one library under the same key.
 
 **Probe.** The compiler must build a tiny library that loads and computes the right value, and,
 unless ``OCANNL_C_OPENMP=0``, a second one with an OpenMP loop (else the kernels are built
@@ -55,16 +59,19 @@ import hashlib
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 from ocannl import config
 from ocannl.backends import cache
+from ocannl.backends.c.emit import translation_units
 from ocannl.backends.toolchain import (
-    Toolchain, build_shared, check_probe, compiler_version, find_compiler, probed,
+    LINK_FLAGS, Toolchain, build_shared, cache_key, check_probe, compiler_version, find_compiler, probed,
 )
 from ocannl.errors import BackendUnavailable, CompileError, OcannlError
 
@@ -245,7 +252,58 @@ def _cpu_identity() -> str:
     return platform.processor() or platform.machine()
 
 
+PARALLEL_BYTES = 100_000
+"""The length of source above which it is compiled as several translation units at the same
+time: below it, a second compiler process would cost more than it saves."""
+
+
 def compile_shared(source: str, tc: CToolchain) -> Path:
     """The shared library built from ``source``: from ``<cache>/c`` when its digest checks, else
-    compiled into it."""
-    return build_shared(source, tc, cache.directory("c"))
+    compiled into it. A long source is compiled as :func:`~ocannl.backends.c.emit.translation_units`,
+    one a core at the same time, then linked; the cache entry is still one library under the
+    whole source's key."""
+    units = parallel_units(source)
+    if len(units) == 1:
+        return build_shared(source, tc, cache.directory("c"))
+    target = cache.directory("c") / f"{cache_key(source, tc)}.so"
+    if not cache.verified(target):
+        with tempfile.TemporaryDirectory(prefix="ocannl-units-") as folder:
+            objects = compile_objects(units, tc, Path(folder))
+            cache.build_atomically([*tc.command, *objects, *tc.flags, *LINK_FLAGS, "-o", "{tmp}", *tc.libraries],
+                                   None, target, tc.name)
+    return target
+
+
+def parallel_units(source: str) -> list[str]:
+    """The translation units ``source`` is compiled as: one for the routine and one per core for
+    its helper functions, or the whole source when it is short (:data:`PARALLEL_BYTES`)."""
+    if len(source) <= PARALLEL_BYTES:
+        return [source]
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return translation_units(source, cores + 1)
+
+
+def compile_objects(units: list[str], tc: CToolchain, folder: Path) -> list[str]:
+    """The object files of ``units``, compiled into ``folder`` by as many compiler processes at
+    once; a unit that fails to compile is a :class:`CompileError` quoting the compiler."""
+    objects = [str(folder / f"unit{k}.o") for k in range(len(units))]
+    running = []
+    for unit, obj in zip(units, objects):
+        path = folder / f"{Path(obj).stem}.c"
+        path.write_text(unit)
+        command = [*tc.command, "-c", str(path), *tc.flags, "-fPIC", "-o", obj]
+        running.append((command, subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                                  text=True, **cache.dying_with_parent())))
+    failed = None
+    for command, process in running:
+        try:
+            _, stderr = process.communicate(timeout=600)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            stderr = "timed out after 600 s"
+        if process.returncode != 0 and failed is None:
+            failed = f"`{shlex.join(command)}` failed with exit code {process.returncode}:\n{stderr.strip()[:6000]}"
+    if failed:
+        raise CompileError(failed)
+    return objects

@@ -130,9 +130,9 @@ def kernel(shape: MicroKernel) -> list[str]:
 
 
 class CGemm:
-    """What the C-family walk (``ocannl/backends/codegen.py``) needs from C to print packed
-    GEMMs (its ``GemmTarget``): the target's vector width, the micro-kernels, the printer of the
-    loops around them (``gemm_printer.py``) and the OpenMP spellings that printer uses."""
+    """What the C target (``target.py``) needs to print packed GEMMs: the target's vector width,
+    the micro-kernels, the printer of the loops around them (``gemm_printer.py``) and the OpenMP
+    spellings that printer uses."""
 
     parallel_region = "#pragma omp parallel"
 

@@ -1,7 +1,7 @@
 """The loops of the C backend's packed GEMM around its micro-kernels (``gemm.py``): a
 :class:`~ocannl.lowlevel.cpu_schedule.GemmPlan` printed as BLIS's loop nest cut into units of
-work (docs/codegen.md, "Packed GEMM"). The walk (``ocannl/backends/codegen.py``) calls
-:func:`print_gemm` through :class:`~ocannl.backends.c.gemm.CGemm` for a contraction its
+work (docs/codegen.md, "Packed GEMM"). The C target (``target.py``) calls :func:`print_gemm`
+through :class:`~ocannl.backends.c.gemm.CGemm` for a contraction its
 :class:`~ocannl.lowlevel.cpu_schedule.NestPlan` runs packed; every size and the thread decision
 come from the plan.
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+from ocannl.backends.c.cells import cell_start, reset_value
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.cpu_schedule import ContractionPlan, GemmPlan, Loops
 from ocannl.lowlevel.identifiers import comment_text
@@ -92,7 +93,7 @@ class _GemmPrinter:
         self.zero, self.real = syn.literal(0.0, dtypes.float32), syn.compute_type(dtypes.float32)
         self.resets = plan.reset is not None and plan.scope is None
         # The micro-kernel's fresh and start arguments: the cells' reset on the first panel.
-        self.fresh, self.start = ("_pc == 0", emitter.reset_value(plan)) if self.resets else ("0", self.zero)
+        self.fresh, self.start = ("_pc == 0", reset_value(emitter, plan)) if self.resets else ("0", self.zero)
         self.panel_b = -(-self.kc * self.nc // 16) * 16  # the block of A starts 64-byte aligned
         self.loops = [f"for ({self.it} {s} = 0; {s} < {extent}; ++{s})"
                       for s, extent in ((emitter.namer.symbol(s), extent) for s, extent in g.outer)]
@@ -246,7 +247,7 @@ class _GemmPrinter:
         if plan.scope is not None:
             first = e.syntax.literal(plan.init.value if plan.init is not None else 0.0, dtypes.float32)
         else:
-            first = e.cell_start(plan, "_pc == 0" if self.resets else None)
+            first = cell_start(e, plan, "_pc == 0" if self.resets else None)
         cells = f"for ({it} _r = 0; _r < _h; ++_r) for ({it} _q = 0; _q < _w; ++_q)"
         e.line(f"{cells} _t[{nr}*_r + _q] = {first};")
         e.line(f"{self.kernel}(_kc, _ap, _bp, _t, {nr}, 0, {self.zero});")

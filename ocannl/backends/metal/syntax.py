@@ -2,11 +2,11 @@
 
 Every operator prints so that the kernel computes the interpreter's values: float arithmetic in
 float (the backend asks Metal for IEEE semantics, no fast math; the shim compiles with
-``-ffp-contract=off``), the transcendental functions as their ``precise::`` variants, integer
-results wrapping around. ``where`` is a conditional expression (``select`` would evaluate both
-branches, and a gather in the branch not taken may read out of bounds), except where the walk
-proves both branches safe to compute (ocannl/backends/codegen.py, ``Emitter.where``): then it is
-``ocannl_select``, MSL's ``select``.
+``-ffp-contract=off``), the transcendental functions as their ``precise::`` variants (``erf``,
+which MSL lacks, as a helper of the C-family table), integer results wrapping around. ``where``
+is a conditional expression (``select`` would evaluate both branches, and a gather in the branch
+not taken may read out of bounds), except where the walk proves both branches safe to compute
+(ocannl/backends/codegen.py, ``Emitter.where``): then it is ``ocannl_select``, MSL's ``select``.
 
 What MSL spells its own way: conversions are constructor casts ``T(x)``; helpers are ``inline``
 and overloaded, one ``ocannl_max`` per compute type; the failure status is a ``device
@@ -39,6 +39,10 @@ _TYPES = {
 _PRECISE = frozenset({"exp", "log", "exp2", "log2", "sin", "cos", "sqrt", "tanh", "pow", "fmod"})
 """Math functions that Metal also has in a fast, inexact form: the kernels call their
 ``precise::`` variants."""
+
+MISSING_MATH_FUNCTIONS = frozenset({"erf"})
+"""Math functions of C's library that MSL lacks: the kernels call the C-family helper of the same
+name (``ocannl_erf``, ocannl/backends/c_family.py), written for float only."""
 
 
 def msl_type(dtype: DType) -> str:
@@ -88,6 +92,8 @@ class MetalSyntax(CFamilySyntax):
         return f"{msl_type(dtypes.uint4x32)}({', '.join(lanes)})"
 
     def math_function(self, name: str, dtype: DType) -> str:
+        if name in MISSING_MATH_FUNCTIONS:
+            return self.helper(f"ocannl_{name}", dtype)
         return f"precise::{name}" if name in _PRECISE else name
 
     def from_storage(self, dtype: DType, cell: str) -> str:

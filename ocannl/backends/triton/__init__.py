@@ -4,7 +4,8 @@ tensors (docs/codegen.md, "Triton").
 * ``ocannl/backends/partition.py`` (shared with Metal) cuts a routine into kernels (which loops
   run as grid axes, which statements share a kernel, which nests are contractions for ``tl.dot``);
 * ``emit.py`` writes one Python module per routine: the kernels and a ``launch`` function;
-* ``plan.py`` plans each kernel (tiling, blocks, grid) from the block-size table of ``tiling.py``;
+* ``plan.py`` plans each kernel (tiling, blocks, grid) from the block-size table of ``tiling.py``
+  and, for flat kernels, from ``stages.py``'s survey of which inner loops the writer tiles;
   ``autotune.py``, a pre-pass of :meth:`TritonBackend.compile`, may choose a contraction's on a GPU;
 * ``tlib.py`` holds the device functions the modules import;
 * ``runtime.py`` owns the buffers (torch tensors), loads modules and runs them.

@@ -16,8 +16,8 @@ from ocannl.lowlevel.dtypes import DType
 from ocannl.lowlevel.indexing import Symbol
 from ocannl.lowlevel.ir import Expr, For, Load, Store
 from ocannl.lowlevel.scalar_ops import Binop
+from ocannl.lowlevel.schedule import Contraction
 
-from ocannl.backends.partition import Contraction
 from ocannl.backends.triton.plan import DotPlan
 from ocannl.backends.triton.tile_expr import NAME_PATTERN, Val
 from ocannl.backends.triton.writer import KernelWriter, Region, decompose
@@ -101,7 +101,7 @@ class DotKernelWriter(KernelWriter):
     def dot_loop(self, site: For, region: Region) -> None:
         """The contraction at ``site``: its accumulator's tile, then ``tl.dot`` over K tiles."""
         c: Contraction = self.kernel.contraction
-        acc_stmt = c.accumulator
+        acc_stmt = c.update
         if isinstance(acc_stmt, Store):
             acc = self.names.word("acc")
             old = self.load(Load(acc_stmt.tnode, acc_stmt.indices), region)

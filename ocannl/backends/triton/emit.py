@@ -117,15 +117,9 @@ def emit_module(routine: RoutineIR, kernels: list[Kernel], options: Options = Op
 
 def _write(name: str, kernel: Kernel, plan: Plan, options: Options,
            segment: bool = False) -> tuple[KernelWriter, KernelSource]:
-    """``kernel`` written from ``plan`` (as a launch's device function when ``segment``), again
-    from a simpler plan while the writer finds the kernel could not use its plan
-    (:meth:`~ocannl.backends.triton.writer.KernelWriter.simpler_plan`)."""
+    """``kernel`` written from ``plan`` (as a launch's device function when ``segment``)."""
     writer = WRITERS[type(plan)](name, kernel, plan, options, segment=segment)
-    source = writer.emit()
-    while (simpler := writer.simpler_plan()) is not None:
-        writer = WRITERS[type(simpler)](name, kernel, simpler, options, segment=segment)
-        source = writer.emit()
-    return writer, source
+    return writer, writer.emit()
 
 
 WRITERS: dict[type, type[KernelWriter]] = {FillPlan: FillKernelWriter, FlatPlan: FlatKernelWriter,

@@ -19,8 +19,8 @@ program, masked by ``xmask`` at the ragged end) and recovers each axis by ``//``
   few rows, many terms) combines one slice of its terms per program, and the tile's last
   program combines the slices (``KernelWriter.combine_slices``), applies them to the cell and
   alone runs the rest of the kernel. Integer divisions, float sums of fewer than
-  :data:`SHORT_SUM` terms and half-precision accumulators, which round on every store, take the
-  sequential path below instead;
+  :data:`~ocannl.backends.triton.stages.SHORT_SUM` terms and half-precision accumulators, which
+  round on every store, take the sequential path below instead;
 * any other loop runs sequentially inside the program (``for s0 in range(n)``).
 """
 
@@ -30,17 +30,14 @@ import math
 from typing import Any
 
 from ocannl.lowlevel import dtypes
-from ocannl.lowlevel.analysis import accesses
 from ocannl.lowlevel.dtypes import DType
-from ocannl.lowlevel.ir import (
-    DeclareLocal, Expr, For, LocalScope, Seq, SetLocal, Stmt, Store, iter_exprs, iter_stmts, stmt_exprs,
-)
+from ocannl.lowlevel.ir import Expr, For, SetLocal, Stmt, Store
 from ocannl.lowlevel.scalar_ops import Binop
 from ocannl.lowlevel.schedule import regrouping
 
-from ocannl.backends.partition import scatter_add_nodes, signature_ok
-from ocannl.backends.triton import tiling
-from ocannl.backends.triton.plan import FlatPlan, Plan, accumulator_dtype, plan_kernel
+from ocannl.backends.triton import stages, tiling
+from ocannl.backends.triton.plan import FlatPlan
+from ocannl.backends.triton.stages import accumulator_dtype
 from ocannl.backends.triton.tile_expr import Val, literal_code
 from ocannl.backends.triton.writer import KernelWriter, Region, decompose
 
@@ -66,7 +63,6 @@ class FlatKernelWriter(KernelWriter):
         self.rblock: int | None = self.plan.rblock
         self.two_d = self.rblock is not None
         """Whether tiles are ``[XBLOCK, RBLOCK]`` (a flat kernel with inner tiles)."""
-        self.used_stages = False
         self.top = 0
         """The number of lines of the tile indices, which the lines of :meth:`line_at_top` follow."""
         self.shared_lines: list[str] = []
@@ -122,16 +118,6 @@ class FlatKernelWriter(KernelWriter):
             return "[1, RBLOCK]" if self.kernel.extents else "[RBLOCK]"
         return super().shape_for_axes(axes)
 
-    def simpler_plan(self) -> Plan | None:
-        """The kernel planned again when it could not use its plan: unsplit when the reduction the
-        plan split could not be (:meth:`splits`); with no ``RBLOCK`` and a 1-D ``XBLOCK`` when
-        every inner loop ran sequentially."""
-        if self.plan.split > 1 and self.split_last is None:
-            return plan_kernel(self.kernel, split=False)
-        if self.rblock is not None and not self.used_stages:
-            return plan_kernel(self.kernel, inner_tiles=False)
-        return None
-
     def tiles_inner(self, region: Region) -> bool:
         """Whether loops in ``region`` may become inner ``RBLOCK`` tiles (not inside one already)."""
         return "r" not in region.axes and self.rblock is not None
@@ -141,12 +127,9 @@ class FlatKernelWriter(KernelWriter):
 
     def reduction(self, chain: list[For], op: Binop, target: Store | SetLocal, value: Expr, region: Region,
                   deferred: tuple | None) -> None:
-        """A reduction stage when the operator regroups (``schedule.regrouping``) on an exact
-        accumulator and the loops are long enough (module docstring); else in order."""
-        dtype = accumulator_dtype(target)
-        total = math.prod(tuple(loop.extent for loop in chain))
-        if (self.tiles_inner(region) and regrouping(op, dtype) is not None and dtype in _EXACT_ACCUMULATORS
-                and (op in (Binop.MAX, Binop.MIN) or total >= SHORT_SUM)):
+        """A reduction stage where the tiling tiles inner loops and the reduction regroups
+        (stages.py, :func:`~ocannl.backends.triton.stages.tiled_reduction`); else in order."""
+        if self.tiles_inner(region) and stages.tiled_reduction(op, target, chain):
             self.reduction_stage(chain, op, target, value, region, deferred)
         else:
             self.sequential_reduction(chain, op, target, value, region, deferred)
@@ -159,7 +142,6 @@ class FlatKernelWriter(KernelWriter):
         (``length`` a multiple of ``RBLOCK``)."""
         total = math.prod(extents)
         persistent = total <= self.rblock and piece is None
-        self.used_stages = True
         expand = "[None, :]" if self.kernel.extents else ""
         key = ("stage", extents)
         if persistent:
@@ -205,13 +187,9 @@ class FlatKernelWriter(KernelWriter):
             self.depth -= 1
 
     def pointwise_stage(self, s: For, chain: list[For], body: Stmt, region: Region) -> bool:
-        if _has_loop(body) or _sets_undeclared_local(body):
-            return False  # a nested loop nest, or a reduction into an enclosing local
-        syms = tuple(loop.symbol for loop in chain)
-        scatter = scatter_add_nodes(s)
-        if not any(a.write for a in accesses(s)):
-            return False
-        if not signature_ok([(s, syms, scatter)], len(syms)):
+        """The nest ``s`` as an inner stage, when it is one (stages.py,
+        :func:`~ocannl.backends.triton.stages.pointwise_stage`)."""
+        if not stages.pointwise_stage(s, chain, body):
             return False
         extents = tuple(loop.extent for loop in chain)
         inner, looped, codes = self.stage_index(extents, region)
@@ -315,30 +293,5 @@ class FlatKernelWriter(KernelWriter):
 _TILE_COMBINE = {Binop.ADD: "tl.sum", Binop.MUL: "product", Binop.MAX: "tl.max", Binop.MIN: "tl.min"}
 """The tile operators of each combining operator (``product`` is tlib.py's)."""
 
-_EXACT_ACCUMULATORS = frozenset({dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64, dtypes.uint32})
-"""Accumulator types a tiled reduction computes as the loop does (half precision rounds on every
-store, so it stays sequential)."""
-
-
-SHORT_SUM = 16
-"""Sums, differences, products and quotients over fewer points run in the loop's order (bit for
-bit the interpreter's); longer ones are tiled (a tree order, within the conformance tolerance).
-Max and min are exact in any order and tiled at every length."""
-
 _NEUTRAL = {Binop.ADD: lambda dtype: 0, Binop.MUL: lambda dtype: 1, Binop.MAX: dtypes.lowest, Binop.MIN: dtypes.highest}
 """The value each combining operator of a regrouped reduction starts from (what masked lanes add)."""
-
-
-def _has_loop(body: Stmt) -> bool:
-    """Whether ``body`` has a loop of its own (local scopes aside)."""
-    if isinstance(body, For):
-        return True
-    return isinstance(body, Seq) and any(_has_loop(s) for s in body.stmts)
-
-
-def _sets_undeclared_local(body: Stmt) -> bool:
-    declared = {s.local for s in iter_stmts(body) if isinstance(s, DeclareLocal)}
-    for s in iter_stmts(body):
-        for e in stmt_exprs(s):
-            declared.update(x.local for x in iter_exprs(e) if isinstance(x, LocalScope))
-    return any(isinstance(s, SetLocal) and s.local not in declared for s in iter_stmts(body))

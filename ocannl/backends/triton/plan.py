@@ -27,19 +27,33 @@ from typing import Iterator
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.analysis import loop_chain
 from ocannl.lowlevel.dtypes import DType
-from ocannl.lowlevel.ir import Expr, Fill, For, Load, SetLocal, Stmt, Store, iter_stmts
+from ocannl.lowlevel.ir import Expr, Fill, For, Load, Stmt, iter_stmts
 from ocannl.lowlevel.tnode import TNode
 
 from ocannl.backends.partition import Kernel
 from ocannl.backends.triton import tiling
+from ocannl.backends.triton.stages import accumulator_dtype, survey
 
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+class _Launched:
+    """What launching a plan's kernel takes from its blocks: ``num_warps``, and ``num_stages``
+    (``None``: Triton's default; only a ``tl.dot`` loop is pipelined)."""
+
+    blocks: tiling.FlatBlocks | tiling.DotBlocks
+
+    @property
+    def num_warps(self) -> int:
+        return self.blocks.num_warps
+
+    num_stages: int | None = None
+
+
 @dataclass(frozen=True)
-class FillPlan:
+class FillPlan(_Launched):
     """Fills: ``fills`` (the last fill of each node), over ``numel`` cells at most."""
 
     fills: tuple[Fill, ...]
@@ -50,15 +64,9 @@ class FillPlan:
     def grid(self) -> int:
         return _ceil_div(self.numel, self.blocks.xblock)
 
-    @property
-    def num_warps(self) -> int:
-        return self.blocks.num_warps
-
-    num_stages = None
-
 
 @dataclass(frozen=True)
-class FlatPlan:
+class FlatPlan(_Launched):
     """A flat kernel over ``numel`` grid points (``0``: no grid axis, one program).
 
     With ``split > 1``, the kernel's first reduction over ``split_terms`` points is split into
@@ -94,15 +102,9 @@ class FlatPlan:
     def rblock(self) -> int | None:
         return self.blocks.rblock
 
-    @property
-    def num_warps(self) -> int:
-        return self.blocks.num_warps
-
-    num_stages = None
-
 
 @dataclass(frozen=True)
-class DotPlan:
+class DotPlan(_Launched):
     """A contraction: row, column, batch and reduction extents (each a tuple of loop extents,
     flattened row-major), the tile sizes, and the 16-bit storage type both operands share
     (``None``: the operands are float32 tiles)."""
@@ -162,10 +164,6 @@ class DotPlan:
         return self.k_total % self.blocks.block_k != 0
 
     @property
-    def num_warps(self) -> int:
-        return self.blocks.num_warps
-
-    @property
     def num_stages(self) -> int:
         return self.blocks.num_stages
 
@@ -173,13 +171,11 @@ class DotPlan:
 Plan = FillPlan | FlatPlan | DotPlan
 
 
-def plan_kernel(kernel: Kernel, inner_tiles: bool = True, split: bool = True,
-                dot_blocks: tiling.DotBlocks | None = None) -> Plan:
-    """The plan of ``kernel``. ``inner_tiles=False`` plans a flat kernel without ``RBLOCK``
-    tiles, for a kernel whose inner loops all turned out to run sequentially; ``split=False``
-    one whose longest reduction is not split, for a kernel the writer found it could not split
-    (flat.py, ``FlatKernelWriter.splits``). ``dot_blocks`` are a contraction's blocks in place of
-    the table's (a candidate of the autotuner)."""
+def plan_kernel(kernel: Kernel, dot_blocks: tiling.DotBlocks | None = None) -> Plan:
+    """The plan of ``kernel``. ``dot_blocks`` are a contraction's blocks in place of the table's
+    (a candidate of the autotuner). A flat kernel gets ``RBLOCK`` tiles only when its writer will
+    tile an inner loop with them, and a split reduction only when that reduction comes first
+    (stages.py, :func:`~ocannl.backends.triton.stages.survey`)."""
     if kernel.tiling == "fill":
         fills: dict[TNode, Fill] = {}
         for f in kernel.fills:
@@ -196,25 +192,21 @@ def plan_kernel(kernel: Kernel, inner_tiles: bool = True, split: bool = True,
         sixteen = a16 if a16 is not None and a16 is b16 else None
         blocks = dot_blocks or tiling.dot_blocks(math.prod(rows), math.prod(cols), math.prod(k), sixteen is not None,
                                                  math.prod(batch))
-        if blocks.split_k > 1 and accumulator_dtype(c.accumulator) is not dtypes.float32:
+        if blocks.split_k > 1 and accumulator_dtype(c.update) is not dtypes.float32:
             blocks = replace(blocks, split_k=1)  # split-K's partial tiles are float32
         return DotPlan(rows, cols, batch, k, sixteen, blocks)
     numel = math.prod(kernel.extents)
     inner = max((math.prod(e) for p in kernel.parts for e in _inner_chains(p.body)), default=None)
-    plan = FlatPlan(numel, bool(kernel.extents), tiling.flat_blocks(numel, inner if inner_tiles else None))
-    if not (split and inner_tiles and inner is not None):
-        return plan
+    found = survey(kernel, inner) if inner is not None else None
+    if found is None or not found.stages:
+        return FlatPlan(numel, bool(kernel.extents), tiling.flat_blocks(numel, None))
+    plan = FlatPlan(numel, bool(kernel.extents), tiling.flat_blocks(numel, inner))
     slices = tiling.split_reduction(plan.tiles, inner)
-    if slices == 1:
+    if slices == 1 or not found.splits:
         return plan
     # The blocks of a reduction over one slice (a slice of 1024 terms or fewer is one tile).
     plan = replace(plan, blocks=tiling.flat_blocks(numel, _ceil_div(inner, slices)), split=slices, split_terms=inner)
     return replace(plan, split=_ceil_div(inner, plan.slice_terms))  # no empty last slice
-
-
-def accumulator_dtype(target: Store | SetLocal) -> DType:
-    """The type a reduction accumulates in: its cell's node's, or its local's."""
-    return target.tnode.dtype if isinstance(target, Store) else target.local.dtype
 
 
 def cells(node: TNode) -> int:

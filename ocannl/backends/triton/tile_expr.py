@@ -113,9 +113,18 @@ def _balanced_outer(code: str) -> bool:
     return True
 
 
+def _clamp_select(x: str, inside: str, outside: str, above_one: str | None = None) -> str:
+    """``inside`` where ``x > 0`` (and ``x < 1`` when ``above_one`` is given, which is taken
+    where ``x >= 1``), else ``outside``: the selection of the relu and sat01 clamps and of their
+    gradients' gates (``RELU_GATE``, ``SAT01_GATE``), which pass through on the same ranges."""
+    if above_one is None:
+        return f"tl.where({x} > 0, {inside}, {outside})"
+    return f"tl.where({x} > 0, tl.where({x} < 1, {inside}, {above_one}), {outside})"
+
+
 _COMPARISONS = {Binop.LT: "<", Binop.GT: ">", Binop.EQ: "==", Binop.NE: "!="}
 _INFIX = {Binop.ADD: "+", Binop.SUB: "-", Binop.MUL: "*", Binop.MOD: "%"}
-_TRITON_UNARY = frozenset({Unop.EXP, Unop.LOG, Unop.EXP2, Unop.LOG2, Unop.SIN, Unop.COS})
+_TRITON_UNARY = frozenset({Unop.EXP, Unop.LOG, Unop.EXP2, Unop.LOG2, Unop.SIN, Unop.COS, Unop.ERF})
 """Unary operators that are the ``tl`` function of the same name."""
 
 
@@ -185,10 +194,10 @@ class TileArithmetic:
                 return f"(-{paren(x)})"
             case Unop.RELU:
                 a = self._named_tensor(v)
-                return f"tl.where({a} > 0, {a}, {zero})"
+                return _clamp_select(a, a, zero)
             case Unop.SAT01:
                 a = self._named_tensor(v)
-                return f"tl.where({a} > 0, tl.where({a} < 1, {a}, {one}), {zero})"
+                return _clamp_select(a, a, zero, above_one=one)
             case Unop.SQRT:
                 return self._sqrt(x, t)
             case Unop.RECIP:
@@ -234,10 +243,10 @@ class TileArithmetic:
                 # C's fmax/fmin: the non-NaN operand when one is NaN (Triton's default).
                 return f"{fn}({self.tensor(x)}, {y.code if not y.literal or t.is_float else self.tensor(y)})"
             case Binop.RELU_GATE:
-                return f"tl.where({self.tensor(x)} > 0, {self.tensor(y)}, {zero})"
+                return _clamp_select(self.tensor(x), self.tensor(y), zero)
             case Binop.SAT01_GATE:
                 a = self._named_tensor(x)
-                return f"tl.where({a} > 0, tl.where({a} < 1, {self.tensor(y)}, {zero}), {zero})"
+                return _clamp_select(a, self.tensor(y), zero, above_one=zero)
             case Binop.AND:
                 return f"tl.where({self.tensor(x)} != 0, ({self.tensor(y)} != 0).to({tn}), {zero})"
             case Binop.OR:

@@ -42,7 +42,7 @@ from typing import Any
 
 from ocannl.errors import OcannlError
 from ocannl.lowlevel import dtypes
-from ocannl.lowlevel.analysis import accesses, index_range, loop_chain, range_within, row_major_strides
+from ocannl.lowlevel.analysis import accesses, index_range, loop_chain, nodes_written, range_within, row_major_strides
 from ocannl.lowlevel.dtypes import DType
 from ocannl.lowlevel.indexing import (
     Affine, AnySymbol, AxisIndex, Fixed, IndexSymbol, Iter, index_bounds, index_symbols,
@@ -54,11 +54,14 @@ from ocannl.lowlevel.ir import (
 )
 from ocannl.lowlevel.identifiers import Namespace, comment_text
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
-from ocannl.lowlevel.schedule import update_of
 from ocannl.lowlevel.tnode import TNode
 
 from ocannl.backends.triton import tiling
-from ocannl.backends.triton.plan import Plan, accumulator_dtype, cells
+from ocannl.backends.triton.plan import Plan, cells
+from ocannl.backends.triton.stages import (
+    Accumulation, accumulation, accumulator_dtype, canon_indices, overwritten_accumulation, reset_accumulation,
+    sets_first,
+)
 from ocannl.backends.triton.tile_expr import (
     TileArithmetic, Val, from_storage, literal_code, paren, stored_literal, stored_value,
 )
@@ -393,19 +396,8 @@ class ExpressionWriter:
         return " & ".join(parts) if parts else None
 
     def canon_indices(self, indices: tuple[AxisIndex, ...], region: Region) -> tuple:
-        def canon(s: AnySymbol) -> Any:
-            return s if isinstance(s, IndexSymbol) else region.canon.get(s, s)
-
-        out = []
-        for idx in indices:
-            match idx:
-                case Fixed(index=i):
-                    out.append(("fixed", i))
-                case Iter(symbol=s):
-                    out.append(("iter", canon(s)))
-                case Affine(terms=terms, offset=off):
-                    out.append(("affine", tuple((c, canon(s)) for c, s in terms), off))
-        return tuple(out)
+        """``indices`` comparable across the region's loops (stages.py, :func:`canon_indices`)."""
+        return canon_indices(indices, region.canon)
 
     def position(self, e: Expr, node: TNode, axis: int, region: Region, what: str) -> Val:
         """A data-dependent position into ``axis`` of ``node`` (``what``: a gather or a
@@ -538,7 +530,7 @@ class ExpressionWriter:
                 return self.locals[local]
             case LocalScope(local=local, body=body):
                 first = body.stmts[0] if isinstance(body, Seq) and body.stmts else body
-                if not _sets_first(first, local):
+                if not sets_first(first, local):
                     self.declare(local, region)
                 self.stmt(body, region)
                 return self.locals[local]
@@ -695,7 +687,7 @@ class KernelWriter(ExpressionWriter):
                             if isinstance(sym, IndexSymbol):
                                 symbols.setdefault(sym, None)
                                 dynamic |= sym.size is None
-        written = {s.tnode for p in self.kernel.parts for s in iter_stmts(p.stmt) if isinstance(s, (Store, StoreDynamic, Fill))}
+        written = set().union(*(nodes_written(p.stmt) for p in self.kernel.parts))
         first = next(iter(sorted(written, key=lambda n: list(nodes).index(n))), None)
         self.name = name + (f"_{first.name}" if first is not None else "")
         # The module's own names (tl, the tlib helpers, XBLOCK, error...) are reserved, so no
@@ -785,11 +777,6 @@ class KernelWriter(ExpressionWriter):
         """The tile axes grid axis ``t`` of the kernel varies along."""
         return {"x"}
 
-    def simpler_plan(self) -> Plan | None:
-        """A plan to write the kernel again with, when this one planned tiles the written kernel
-        does not use (:meth:`~ocannl.backends.triton.flat.FlatKernelWriter.simpler_plan`)."""
-        return None
-
     def is_contraction(self, s: For) -> bool:
         """Whether ``s`` is the contraction a dot kernel writes with ``tl.dot``."""
         return False
@@ -858,17 +845,12 @@ class KernelWriter(ExpressionWriter):
     def overwritten(self, s: Stmt, region: Region, following: Stmt, following_region: Region) -> tuple | None:
         """The cell (node and canonical indices) the reduction ``s`` accumulates into when the
         statement ``following`` stores that same cell, on the same lanes, right after."""
-        if not (isinstance(s, For) and isinstance(following, Store)) or following.skip_oob:
-            return None
-        dtype = following.tnode.dtype
-        if not dtype.is_compute_type or dtype is dtypes.uint4x32:
-            return None  # a half-precision cell rounds on its store: the register would not
         if self.is_contraction(s):
             return None
-        found = self.accumulation(*loop_chain(s))
-        if found is None or not isinstance(found[1], Store):
+        target = overwritten_accumulation(s, following, self.locals)
+        if target is None:
             return None
-        cell = (found[1].tnode, self.canon_indices(found[1].indices, region))
+        cell = (target.tnode, self.canon_indices(target.indices, region))
         return cell if cell == (following.tnode, self.canon_indices(following.indices, following_region)) else None
 
     # -- statements ----------------------------------------------------------------------------
@@ -880,7 +862,7 @@ class KernelWriter(ExpressionWriter):
             case Seq(stmts=stmts):
                 for k, x in enumerate(stmts):
                     following = stmts[k + 1] if k + 1 < len(stmts) else None
-                    if isinstance(x, DeclareLocal) and following is not None and _sets_first(following, x.local):
+                    if isinstance(x, DeclareLocal) and following is not None and sets_first(following, x.local):
                         continue  # declared by the assignment that follows
                     if following is not None and self.absorbs_reset(x, region, following, region):
                         continue
@@ -971,34 +953,19 @@ class KernelWriter(ExpressionWriter):
     def resets(self, store: Store, region: Region, loop: For, loop_region: Region) -> bool:
         """Whether ``loop`` (in ``loop_region``) accumulates into the cell ``store`` (in
         ``region``) writes, from a register."""
-        if store.skip_oob or not store.tnode.dtype.is_compute_type or store.tnode.dtype is dtypes.uint4x32:
-            return False
         if self.is_contraction(loop):
-            target = self.kernel.contraction.accumulator
-        else:
-            found = self.accumulation(*loop_chain(loop))
-            if found is None:
+            if store.skip_oob or not store.tnode.dtype.is_compute_type or store.tnode.dtype is dtypes.uint4x32:
                 return False
-            target = found[1]
+            target = self.kernel.contraction.update
+        else:
+            target = reset_accumulation(store, loop, self.locals)
         return isinstance(target, Store) and target.tnode is store.tnode and (
             self.canon_indices(target.indices, loop_region) == self.canon_indices(store.indices, region))
 
-    def accumulation(self, chain: list[For], body: Stmt) -> tuple[Binop, Store | SetLocal, Expr] | None:
-        """``(op, statement, v)`` when the loops of ``chain`` accumulate ``v`` into one cell or
-        local with ``op`` (the cell's indices and ``v``'s reads independent of the loop order)."""
-        found = _accumulation(body)
-        if found is None:
-            return None
-        op, target, value = found
-        syms = {loop.symbol for loop in chain}
-        if isinstance(target, Store):
-            if target.skip_oob or any(s in syms for i in target.indices for s in index_symbols(i)):
-                return None
-        elif target.local not in self.locals or target.local.dtype is dtypes.uint4x32:
-            return None
-        if any(isinstance(x, (Store, StoreDynamic, Fill)) for x in iter_stmts(SetLocal(Local(value.dtype), value))):
-            return None
-        return found
+    def accumulation(self, chain: list[For], body: Stmt) -> Accumulation | None:
+        """The accumulation the loops of ``chain`` around ``body`` are (stages.py,
+        :func:`accumulation`), into a cell or a local this kernel has declared."""
+        return accumulation(chain, body, self.locals)
 
     def accumulator(self, target: Store | SetLocal, region: Region) -> str:
         """A variable holding the accumulated cell or local, of the region's full shape."""
@@ -1056,7 +1023,7 @@ class KernelWriter(ExpressionWriter):
 
     def serial(self, s: For, region: Region) -> None:
         name = self.names.numbered("s")
-        written = {a.node for a in accesses(s) if a.write} | {f.tnode for f in iter_stmts(s) if isinstance(f, Fill)}
+        written = nodes_written(s)
         for node in written:
             self.invalidate(node)
         self.line(f"for {name} in range({s.extent}):")
@@ -1181,44 +1148,13 @@ class KernelWriter(ExpressionWriter):
 # ---------------------------------------------------------------------------------------------
 # Helpers
 
-_COMMUTATIVE = frozenset({Binop.ADD, Binop.MUL, Binop.MAX, Binop.MIN})
-
 _APPLY = {Binop.ADD: "+", Binop.SUB: "-", Binop.MUL: "*"}
 """Infix operators applying a tile's combined terms to the accumulator."""
-
-
-def _accumulation(body: Stmt) -> tuple[Binop, Store | SetLocal, Expr] | None:
-    """``(op, statement, v)`` when ``body`` is ``c[I] := op(c[I], v)`` or ``l := op(l, v)`` (or
-    ``op(v, old)`` for a commutative ``op``), ``v`` not reading the cell."""
-    found = update_of(body, _COMMUTATIVE)
-    if found is None or found.op not in scalar_accumulators():
-        return None
-    old = Load(body.tnode, body.indices) if isinstance(body, Store) else GetLocal(found.statement.local)
-    return None if _mentions(found.term, old) else (found.op, found.statement, found.term)
-
-
-def scalar_accumulators() -> frozenset[Binop]:
-    from ocannl.lowlevel.scalar_ops import ACCUMULATORS
-
-    return ACCUMULATORS
 
 
 def _integer_quotient(e: Expr) -> bool:
     """Whether ``e`` is an integer ``div`` or ``mod``, whose divisor the kernel checks."""
     return isinstance(e, Binary) and e.op in (Binop.DIV, Binop.MOD) and not e.dtype.is_float
-
-
-def _mentions(e: Expr, old: Expr) -> bool:
-    if isinstance(old, GetLocal):
-        return any(isinstance(x, GetLocal) and x.local is old.local for x in iter_exprs(e)) or any(
-            isinstance(x, LocalScope) for x in iter_exprs(e))
-    return any(isinstance(x, (Load, LoadDynamic)) and x.tnode is old.tnode for x in iter_exprs(e))
-
-
-def _sets_first(s: Stmt, local: Local) -> bool:
-    """Whether ``s`` assigns ``local`` a value that does not read it (so its zero is never seen)."""
-    return isinstance(s, SetLocal) and s.local is local and not any(
-        isinstance(x, GetLocal) and x.local is local for x in iter_exprs(s.value))
 
 
 WIDE = 2**31

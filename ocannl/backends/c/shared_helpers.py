@@ -1,0 +1,159 @@
+"""One helper function for every family of identical ones.
+
+A deep network repeats its layers, so a training routine's helper functions (``target.py``: one
+per top-level loop nest or contraction) come in families that differ only in the names of the
+buffers they are passed, of their loop indices (``i<k>``, ``_i<k>``) and locals (``v<k>``), both
+numbered across the routine, and in the numbers of their runtime checks (the ``site`` argument
+of ``ocannl_fail``, ``ocannl_index``, ...). The C compiler's time is about linear in the text
+it optimizes, so compiling each family once makes a deep network cost little more than a
+shallow one.
+
+Two helpers are the same function when their texts, comments aside, agree after renaming their
+parameters and their numbered names in order of first appearance, and their check numbers too:
+every renamed name is declared in the function (a parameter, a loop index, a local), so equal
+texts compute the same thing from the same arguments. The first helper of a family is kept as
+printed, and the calls of the others call it with their arguments in its parameter order. When
+the members' check numbers differ, the kept helper takes them as parameters ``_site<k>``, so a
+failed check still reports its own site. A source without families is left unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ocannl.backends.c.target import NEST_FN, TILE_FN
+
+_SIGNATURE = re.compile(rf"static (?:{NEST_FN}|{TILE_FN}) void (\w+)\($")
+_IDENTIFIER = re.compile(r"([A-Za-z_]\w*)")
+"""A name (and the letters of a number such as ``1e-05f``, which no renaming touches)."""
+_NUMBERED = re.compile(r"_?[iv]\d+\Z")
+"""The names :class:`~ocannl.lowlevel.ir.Namer` gives loop indices and locals (``_i<k>``: the
+loop over the tiles of ``i<k>``, ``tile_printer.py``)."""
+_SITE = re.compile(r"\b_status, (\d+)\b")
+"""A check's number, the argument after the status cell (``ocannl_fail(_status, 3)``)."""
+_COMMENT = re.compile(r"/\*.*?\*/", re.DOTALL)
+_CALL = re.compile(r"(\s*)(\w+)\((.*)\);\Z")
+
+
+@dataclass(frozen=True)
+class _Helper:
+    lines: list[str]
+    name: str
+    params: tuple[str, ...]
+    """The parameters' names, in the printed order; the last is the status cell."""
+    sites: tuple[int, ...]
+    """Its check numbers, in order of first appearance."""
+    key: str
+    """Its text with comments dropped and its own names and check numbers renumbered."""
+    canonical: dict[str, int]
+    """Each parameter's name -> its number in :attr:`key`."""
+
+    def canonical_args(self, args: list[str]) -> list[str]:
+        """The arguments of a call of this helper, in the order of its renumbered parameters."""
+        order = sorted(range(len(self.params)), key=lambda k: self.canonical[self.params[k]])
+        return [args[k] for k in order]
+
+
+def _parse(lines: list[str], helpers: dict[str, _Helper], family: dict[str, int]) -> _Helper | None:
+    """The helper function ``lines`` as :class:`_Helper`, ``None`` for any other function;
+    ``helpers`` and ``family`` (a helper's name -> its family's number) are those printed
+    before it, which its calls name by family."""
+    match = _SIGNATURE.match(lines[0])
+    end = next((k for k, line in enumerate(lines) if line.endswith(") {")), None) if match else None
+    if end is None:
+        return None
+    params = tuple(_IDENTIFIER.findall(line)[-1] for line in lines[1 : end + 1])
+    body = [_canonical_call(line, helpers, family) for line in lines[end + 1 :]]
+    text = _COMMENT.sub("", "\n".join(body))  # a comment may quote the loop IR's names
+    sites = tuple(dict.fromkeys(int(n) for n in _SITE.findall(text)))
+    text = _SITE.sub(lambda m: f"_status, @s{sites.index(int(m.group(1)))}", text)
+    pieces = _IDENTIFIER.split(text)  # what is between the names, then a name, and so on
+    names = pieces[1::2]
+    own, order = set(params), {}
+    for name in dict.fromkeys([*names, *params]):  # unused parameters last, in their order
+        if name in own or _NUMBERED.match(name):
+            order[name] = f"@{len(order)}"
+    signature = sorted(" ".join(order.get(n, n) for n in _IDENTIFIER.findall(line)) for line in lines[1 : end + 1])
+    # The text with a mark where each name stands, then the names renamed: one pass of re.
+    key = "\n".join([lines[0][: match.start(1)], *signature, "$".join(pieces[0::2]),
+                     " ".join([order.get(n, n) for n in names])])
+    return _Helper(lines, match.group(1), params, sites, key, {p: int(order[p][1:]) for p in params})
+
+
+def _canonical_call(line: str, helpers: dict[str, _Helper], family: dict[str, int]) -> str:
+    """``line``, a call of an earlier helper written as a call of its family, for keys: the
+    arguments in the renumbered order, then the callee's check numbers."""
+    match = _CALL.match(line)
+    callee = helpers.get(match.group(2)) if match else None
+    if callee is None:
+        return line
+    args, sites = callee.canonical_args(match.group(3).split(", ")), " ".join(map(str, callee.sites))
+    return f"{match.group(1)}@f{family[callee.name]}({', '.join(args)}; sites {sites});"
+
+
+def share_identical_helpers(functions: list[list[str]], body: list[str]) -> tuple[list[list[str]], list[str]]:
+    """``functions`` (each a function's lines, a helper after those it calls, ``target.py``)
+    without the helpers identical to an earlier one (module docstring), and ``body``; their
+    calls of a dropped helper call the kept one."""
+    helpers: dict[str, _Helper] = {}
+    family: dict[str, int] = {}
+    families: dict[str, list[_Helper]] = {}
+    number: dict[str, int] = {}
+    for lines in functions:
+        helper = _parse(lines, helpers, family)
+        if helper is not None:
+            family[helper.name] = number.setdefault(helper.key, len(number))
+            families.setdefault(helper.key, []).append(helper)
+            helpers[helper.name] = helper
+    calls: dict[str, tuple[str, list[int], tuple[int, ...] | None]] = {}
+    """A helper's name -> the kept one's, per its parameter the argument to pass, and the check
+    numbers to pass (``None``: the kept one has its own)."""
+    kept: dict[str, list[str]] = {}
+    for first, *others in (m for m in families.values() if len(m) > 1):
+        by_site = any(m.sites != first.sites for m in others)
+        kept[first.name] = _with_site_params(first) if by_site else first.lines
+        for m in [first, *others]:
+            position = {m.canonical[p]: k for k, p in enumerate(m.params)}
+            calls[m.name] = (first.name, [position[first.canonical[p]] for p in first.params],
+                             m.sites if by_site else None)
+    if not calls:
+        return functions, body
+    out = []
+    for lines in functions:
+        name = _SIGNATURE.match(lines[0])
+        helper = helpers.get(name.group(1)) if name else None
+        if helper is None or helper.name not in calls:
+            out.append(_redirect(lines, calls))
+        elif helper.name in kept:
+            out.append(_redirect(kept[helper.name], calls))
+    return out, _redirect(body, calls)
+
+
+def _with_site_params(helper: _Helper) -> list[str]:
+    """``helper``'s lines taking its check numbers as parameters ``int _site<k>``, before the
+    status cell."""
+    end = 1 + len(helper.params)
+    def site(m: re.Match) -> str:  # a number quoted in a comment stays
+        n = int(m.group(1))
+        return f"_status, _site{helper.sites.index(n)}" if n in helper.sites else m.group(0)
+
+    body = [_SITE.sub(site, line) for line in helper.lines[end:]]
+    params = [f"    int _site{k}," for k in range(len(helper.sites))]
+    return helper.lines[: end - 1] + params + [helper.lines[end - 1]] + body
+
+
+def _redirect(lines: list[str], calls: dict[str, tuple[str, list[int], tuple[int, ...] | None]]) -> list[str]:
+    """``lines`` with each call of a helper of a family calling the family's kept helper."""
+    result = []
+    for line in lines:
+        match = _CALL.match(line)
+        if match and match.group(2) in calls:
+            name, order, sites = calls[match.group(2)]
+            args = match.group(3).split(", ")
+            args = [args[k] for k in order]
+            if sites is not None:
+                args[-1:-1] = [str(s) for s in sites]
+            line = f"{match.group(1)}{name}({', '.join(args)});"
+        result.append(line)
+    return result

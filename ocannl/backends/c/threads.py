@@ -1,0 +1,98 @@
+"""How many OpenMP threads a C routine runs on: as many as there are cores no other process keeps
+busy (docs/codegen.md, "Threads").
+
+A thread on a core another process keeps busy gets half of it, and every parallel loop ends at a
+barrier where the other threads wait for it: measured on two cores with a busy loop pinned to
+one, the GPT step of ``bench/cpu_steps.py`` took up to 4x its one-thread time on two threads. So
+before each run the thread count is set (``omp_set_num_threads``) to the cores of this process's
+affinity that other processes leave free, at most ``OMP_NUM_THREADS`` when that is set. What the
+others use is sampled at most every :data:`SAMPLE_SECONDS`: the busy time of those cores in
+``/proc/stat`` less this process's own CPU time, over the wall time between two samples; a core
+counts as taken when others use half of it or more. The results never depend on the count (a
+parallel loop's iterations write disjoint cells, a packed GEMM's units are whole cells,
+docs/codegen.md). ``OMP_DYNAMIC=false`` keeps OpenMP's own fixed count; where ``/proc/stat``
+cannot be read the count is the affinity's (or ``OMP_NUM_THREADS``), as OpenMP would choose.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+SAMPLE_SECONDS = 0.2
+"""How often the load of the other processes is sampled: ``/proc/stat`` counts in ticks of
+10 ms, so a shorter window cannot tell a busy core from an idle one; reading it takes tens of
+microseconds, which once per window costs nothing next to the runs in between."""
+
+_TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
+"""``user nice system irq softirq steal`` of a ``/proc/stat`` cpu line (idle and iowait are not)."""
+
+
+def _thread_limit(cores: int) -> int:
+    """``OMP_NUM_THREADS``'s first level when it is a positive number, else ``cores``."""
+    value = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return int(value) if value.isdigit() and int(value) > 0 else cores
+
+
+def adapts() -> bool:
+    """Whether the thread count follows the free cores: not under ``OMP_DYNAMIC=false``."""
+    return os.environ.get("OMP_DYNAMIC", "").strip().lower() not in ("false", "0", "no", "off")
+
+
+class FreeCores:
+    """The thread count for the next run (:meth:`threads`), from samples of ``/proc/stat``."""
+
+    def __init__(self, stat_path: str = "/proc/stat"):
+        self.stat_path = stat_path
+        self.cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(
+            range(os.cpu_count() or 1))
+        self.limit = _thread_limit(len(self.cores))
+        self.count = min(self.limit, len(self.cores))
+        self._sample: tuple[float, float, float] | None = self._read()
+        self._lock = threading.Lock()
+
+    def threads(self) -> int:
+        """The count for a run starting now: the last decision, renewed once its window ends."""
+        sample = self._sample
+        if sample is None or time.monotonic() - sample[0] < SAMPLE_SECONDS:
+            return self.count
+        with self._lock:
+            now = self._read()
+            if now is None or now[0] - self._sample[0] < SAMPLE_SECONDS:
+                return self.count
+            self.count = self.decide(self._sample, now)
+            self._sample = now
+        return self.count
+
+    def decide(self, before: tuple[float, float, float], after: tuple[float, float, float]) -> int:
+        """The count from two samples ``(wall seconds, busy seconds of our cores, our CPU seconds)``."""
+        wall = after[0] - before[0]
+        others = max(0.0, (after[1] - before[1]) - (after[2] - before[2])) / wall
+        free = len(self.cores) - int(others + 0.5)
+        return max(1, min(self.limit, free))
+
+    def _read(self) -> tuple[float, float, float] | None:
+        """``(now, busy seconds of this process's cores, this process's CPU seconds)``, or
+        ``None`` where the kernel does not say (no ``/proc/stat``, or not in its format)."""
+        wanted = {f"cpu{c}" for c in self.cores}
+        try:
+            with open(self.stat_path) as f:
+                lines = f.read().splitlines()
+            ticks = sum(sum(int(v) for i, v in enumerate(line.split()[1:9]) if i in _BUSY_FIELDS)
+                        for line in lines if line.split(maxsplit=1)[0] in wanted)
+        except (OSError, ValueError, IndexError):
+            return None
+        return time.monotonic(), ticks / _TICKS_PER_SECOND, time.process_time()
+
+
+_free_cores: FreeCores | None = None
+
+
+def free_cores() -> FreeCores:
+    """The process's one sampler, made on first use (after the environment is final)."""
+    global _free_cores
+    if _free_cores is None:
+        _free_cores = FreeCores()
+    return _free_cores

@@ -1,0 +1,106 @@
+"""The C source compiles each family of identical helper functions once (``shared_helpers.py``),
+and a long source as several translation units at the same time (``emit.translation_units``,
+``compiler.compile_shared``): the results stay the interpreter's, bit for bit."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import ocannl as oc
+from ocannl.backends.c import CBackend, compiler
+from ocannl.backends.c.emit import HIDDEN, emit_c, translation_units
+from ocannl.backends.c.shared_helpers import share_identical_helpers
+from ocannl.errors import OutOfBoundsError
+from ocannl.lowlevel import dtypes
+from ocannl.lowlevel.indexing import Iter, Symbol
+from ocannl.lowlevel.ir import Binary, Load, RoutineIR, Store, loop, seq
+from ocannl.lowlevel.scalar_ops import Binop
+from ocannl.lowlevel.tnode import TNode
+from tests.backends.test_c_build import assert_runs_like_the_interpreter, pointwise_chain
+
+needs_cc = pytest.mark.skipif(not CBackend().available()[0], reason="no working C compiler here")
+TABLE = np.arange(12, dtype=np.float32).reshape(4, 3)
+
+
+def helper_definitions(text: str) -> list[str]:
+    return re.findall(r"^static OCANNL_NEST_FN void (\w+)\(", text, flags=re.MULTILINE)
+
+
+def twin_sums() -> tuple[RoutineIR, list[TNode]]:
+    """``c = a - b`` and ``z = x - y``: two nests alike but for their buffers, whose names sort
+    in another order (``b < c`` but ``z > x``), so the second call passes its arguments permuted."""
+    a, b, c, x, y, z = (TNode(name, (5,), dtypes.float32) for name in "abcxyz")
+    i, j = Symbol(), Symbol()
+    return RoutineIR("twins", seq(
+        loop(i, 5, Store(c, (Iter(i),), Binary(Binop.SUB, Load(a, (Iter(i),)), Load(b, (Iter(i),))))),
+        loop(j, 5, Store(x, (Iter(j),), Binary(Binop.SUB, Load(z, (Iter(j),)), Load(y, (Iter(j),))))),
+    )), [a, b, y, z]
+
+
+@needs_cc
+def test_nests_alike_but_for_their_names_share_one_function():
+    routine, inputs = twin_sums()
+    text = emit_c(routine).text
+    assert helper_definitions(text) == ["twins_nest0"]
+    assert "twins_nest0(a, b, c, _status);" in text and "twins_nest0(z, y, x, _status);" in text
+    assert_runs_like_the_interpreter(routine, {n: np.linspace(-1.0, k, 5) for k, n in enumerate(inputs)})
+
+
+def test_nests_that_compute_differently_keep_their_functions():
+    routine, _ = pointwise_chain(3)  # a constant differs per nest
+    functions, body = [["int f(void) {", "}"]], ["  g();"]
+    assert len(helper_definitions(emit_c(routine).text)) == 3
+    assert share_identical_helpers(functions, body) == (functions, body)
+
+
+@needs_cc
+def test_a_shared_function_reports_the_check_of_its_caller():
+    ctx = oc.Context("c")
+    ids_a, ids_b = oc.tensor(np.array([1, 3]), label="ids_a"), oc.tensor(np.array([0, 2]), label="ids_b")
+    rows_a, rows_b = (oc.tensor(np.zeros((2, 3), np.float32), label=f"rows_{s}") for s in "ab")
+    routine = ctx.compile(oc.cd.assign(rows_a, "=:", oc.take(oc.tensor(TABLE, label="table_a"), ids_a)),
+                          oc.cd.assign(rows_b, "=:", oc.take(oc.tensor(TABLE + 1, label="table_b"), ids_b)))
+    assert len(helper_definitions(routine._executable.source.text)) == 1  # the check number a parameter
+    routine.run()
+    np.testing.assert_array_equal(ctx.get(rows_b), TABLE[[0, 2]] + 1)
+    ctx.set(ids_b, np.array([2, 9]))
+    with pytest.raises(OutOfBoundsError, match="table_b"):
+        routine.run()
+    ctx.set(ids_b, np.array([2, 1]))
+    ctx.set(ids_a, np.array([7, 1]))
+    with pytest.raises(OutOfBoundsError, match="table_a"):
+        routine.run()
+
+
+def test_translation_units_spread_the_helpers_and_keep_the_routine_apart():
+    routine, _ = pointwise_chain(6)
+    text = emit_c(routine).text
+    units = translation_units(text, 3)
+    assert len(units) == 3 and translation_units(text, 2) == [text]
+    names = helper_definitions(text)
+    for k, unit in enumerate(units):
+        defined = re.findall(rf"^{re.escape(HIDDEN)} OCANNL_NEST_FN void (\w+)\(.*?\) {{$", unit,
+                             flags=re.MULTILINE | re.DOTALL)
+        assert ("static int chain(" in unit) == (k == len(units) - 1)
+        assert not helper_definitions(unit) and (defined or k == len(units) - 1)
+    assert sorted(d for u in units for d in re.findall(r"^\S.* void (\w+)\([^;]*?\) \{$", u, flags=re.MULTILINE)
+                  if d in names) == sorted(names)
+
+
+@needs_cc
+def test_a_source_built_as_several_units_computes_the_same(monkeypatch, tmp_path):
+    monkeypatch.setenv("OCANNL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("OCANNL_C_FAST", "0")
+    monkeypatch.setattr(compiler, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(compiler.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    built = []
+    compile_objects = compiler.compile_objects
+    monkeypatch.setattr(compiler, "compile_objects", lambda units, *a: built.append(len(units)) or
+                        compile_objects(units, *a))
+    routine, first = pointwise_chain(6)
+    assert_runs_like_the_interpreter(routine, {first: np.linspace(-1.0, 1.0, 5)})
+    assert built == [4]
+    assert len(list((tmp_path / "c").glob("*.so"))) == 1  # one library in the cache

@@ -1,0 +1,89 @@
+"""The C backend's thread count follows the cores other processes leave free
+(``ocannl/backends/c/threads.py``, docs/codegen.md "Threads"): the decision from two samples of
+``/proc/stat``, the settings that bound or fix it, and a routine run with it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ocannl as oc
+from ocannl.backends.c import compiler, threads
+from ocannl.backends.c.threads import FreeCores
+
+STAT = """cpu  {total} 0 0 0 0 0 0 0 0 0
+cpu0 {a} 0 {a} 900 7 1 0 0 0 0
+cpu1 {b} 0 0 900 7 0 0 0 0 0
+intr 12345
+"""
+
+
+def cores(tmp_path, monkeypatch, ticks=(0, 0), limit: str | None = None) -> FreeCores:
+    """A sampler of two cores reading a written ``/proc/stat`` (``ticks``: user ticks of each)."""
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    if limit is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", limit)
+    path = tmp_path / "stat"
+    path.write_text(STAT.format(total=sum(ticks), a=ticks[0], b=ticks[1]))
+    return FreeCores(str(path))
+
+
+def test_a_core_another_process_keeps_busy_is_left_to_it(tmp_path, monkeypatch):
+    free = cores(tmp_path, monkeypatch)
+    assert free.count == 2
+    # One second of wall time: others kept 0.9 of a core busy beside our 0.5 s of CPU.
+    assert free.decide((0.0, 0.0, 0.0), (1.0, 1.4, 0.5)) == 1
+    # Only our own work (1.9 s over two cores) or others' brief use: both cores stay ours.
+    assert free.decide((0.0, 0.0, 0.0), (1.0, 1.9, 1.9)) == 2
+    assert free.decide((0.0, 0.0, 0.0), (1.0, 0.3, 0.0)) == 2
+    # Never below one thread, whatever the others take.
+    assert free.decide((0.0, 0.0, 0.0), (1.0, 2.0, 0.0)) == 1
+
+
+def test_omp_num_threads_bounds_the_count(tmp_path, monkeypatch):
+    free = cores(tmp_path, monkeypatch, limit="1")
+    assert free.limit == free.count == 1
+    assert free.decide((0.0, 0.0, 0.0), (1.0, 0.0, 0.0)) == 1
+
+
+def test_busy_ticks_of_the_process_cores_are_read(tmp_path, monkeypatch):
+    """user + system (+ irq) of cpu0 and cpu1, not idle or iowait: (30 + 30 + 1) + 20 ticks."""
+    free = cores(tmp_path, monkeypatch, ticks=(30, 20))
+    _, busy, _ = free._read()
+    assert busy == pytest.approx(81 / threads._TICKS_PER_SECOND)
+
+
+def test_an_unreadable_stat_keeps_the_configured_count(tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    free = FreeCores(str(tmp_path / "missing"))
+    assert free.threads() == free.count == min(free.limit, len(free.cores))
+
+
+def test_omp_dynamic_false_fixes_the_count(monkeypatch):
+    monkeypatch.setenv("OMP_DYNAMIC", "false")
+    assert not threads.adapts()
+    monkeypatch.setenv("OMP_DYNAMIC", "true")
+    assert threads.adapts()
+
+
+def test_a_routine_runs_on_the_free_cores_with_the_same_bits(monkeypatch):
+    """Each run sets the count the sampler gives (here 1, then 2) through OpenMP, and a product
+    run on threads (a packed GEMM) keeps its bits."""
+    monkeypatch.delenv("OMP_DYNAMIC", raising=False)
+    counts = iter([1, 2])
+    monkeypatch.setattr(threads.free_cores(), "threads", lambda: next(counts))
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((300, 200)).astype(np.float32), rng.standard_normal((200, 300)).astype(np.float32)
+    y = oc.tensor(a, input=1) @ oc.tensor(b, input=1)
+    ctx = oc.Context("c")
+    forward = ctx.compile(y)
+    assert (forward._executable._set_threads is not None) == compiler.toolchain().openmp
+    results = []
+    for _ in range(2):
+        forward.run()
+        results.append(ctx.get(y.value).copy())
+    assert np.array_equal(results[0].view(np.uint32), results[1].view(np.uint32))
+    if compiler.toolchain().openmp:
+        assert next(counts, None) is None  # each run asked the sampler for its count

@@ -1,0 +1,66 @@
+"""The CPU plan of a routine's top-level statements (ocannl/lowlevel/cpu_schedule.py,
+``plan_top_level``): which become helper functions of their own, which products inlined into
+their consumer are split into a packed GEMM and the consumer, and which print in place. Read
+from the plan records: nothing is printed."""
+
+from ocannl.lowlevel import cpu_schedule, dtypes
+from ocannl.lowlevel.cpu_schedule import plan_nest, plan_top_level
+from ocannl.lowlevel.indexing import Iter, Symbol
+from ocannl.lowlevel.ir import (
+    Binary, Comment, Const, DeclareLocal, GetLocal, Load, Local, LocalScope, SetLocal, Store, Unary, loop, seq,
+)
+from ocannl.lowlevel.scalar_ops import Binop, Unop
+from ocannl.lowlevel.tnode import TNode
+
+
+def _scale(n: int = 64):
+    x, y = TNode("x", (n,)), TNode("y", (n,))
+    i = Symbol()
+    return loop(i, n, Store(y, (Iter(i),), Binary(Binop.MUL, Load(x, (Iter(i),)), Const(2.0, dtypes.float32))))
+
+
+def _dense_relu(m: int, n: int, k: int):
+    """``for i, j: out[i, j] := relu(v { v := 0; for s: v := v + a[i, s] * b[s, j] })``: a
+    product inlined into its consumer, as the optimizer leaves a layer's bias and activation."""
+    a, b, out = TNode("a", (m, k)), TNode("b", (k, n)), TNode("out", (m, n))
+    i, j, s = Symbol(), Symbol(), Symbol()
+    v = Local(dtypes.float32)
+    term = Binary(Binop.MUL, Load(a, (Iter(i), Iter(s))), Load(b, (Iter(s), Iter(j))))
+    total = LocalScope(v, seq(SetLocal(v, Const(0.0, dtypes.float32)),
+                              loop(s, k, SetLocal(v, Binary(Binop.ADD, GetLocal(v), term)))))
+    return loop(i, m, loop(j, n, Store(out, (Iter(i), Iter(j)), Unary(Unop.RELU, total))))
+
+
+def test_a_self_contained_nest_becomes_a_function_of_its_own():
+    nest = _scale()
+    plan = plan_top_level(nest, 32, threads=True)
+    assert plan.kind == "function" and plan.nest == plan_nest(nest, 32, threads=True)
+
+
+def test_a_nest_using_a_local_of_the_code_around_it_prints_in_place():
+    n, v = 64, Local(dtypes.float32)
+    x = TNode("x", (n,))
+    i = Symbol()
+    nest = loop(i, n, SetLocal(v, Binary(Binop.ADD, GetLocal(v), Load(x, (Iter(i),)))))
+    plan = plan_top_level(nest, 32, threads=True)
+    assert plan.kind == "inline" and plan.nest is not None and plan.nest.contraction is None
+    for other in (DeclareLocal(v), Comment("a comment")):
+        assert plan_top_level(other, 32, threads=True) == cpu_schedule.TopLevelPlan(other, "inline")
+
+
+def test_a_product_inlined_into_its_consumer_splits_where_it_runs_as_a_packed_gemm():
+    nest = _dense_relu(64, 64, 64)
+    plan = plan_top_level(nest, 32, threads=True)
+    assert plan.kind == "split"
+    product, consumer = plan.parts
+    assert product.kind == "inline" and product.nest.contraction.gemm is not None, "the product prints its own function"
+    assert consumer.kind == "function" and consumer.nest.contraction is None, "relu over the result"
+    tiled = plan_top_level(nest, None, threads=True)
+    assert tiled.kind == "inline", "without packed GEMMs: register tiles with the consumer inside"
+    assert tiled.nest.contraction is not None and tiled.nest.contraction.gemm is None
+
+
+def test_a_target_without_tiles_plans_contractions_as_their_loops():
+    nest = _dense_relu(64, 64, 64)
+    assert plan_nest(nest, None, threads=False).contraction is not None
+    assert plan_nest(nest, None, threads=False, tiles=False).contraction is None
