@@ -94,6 +94,20 @@ def test_clip_grad_norm_keeps_the_update_a_gradient_update():
         train.clip_grad_norm(loss, 1.0)
 
 
+def train_beside_torch(ctx, step, params, torch_loss, torch_adam, torch_params, fixed, trained) -> None:
+    """``STEPS`` runs of ``step`` beside torch's Adam steps: each ``fixed`` parameter keeps its
+    initial value, each ``trained`` one matches torch's after every step."""
+    for k in range(STEPS):
+        step.run()
+        torch_adam.zero_grad()
+        torch_loss().backward()
+        torch_adam.step()
+        for name, initial in fixed.items():
+            np.testing.assert_array_equal(ctx.get(params[name]), initial)
+        for name in trained:
+            assert_close(ctx.get(params[name]), torch_params[name], f"step {k} {name}")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_frozen_parameter_is_unchanged_by_adam_and_the_others_match_torch(backend):
     ctx = context(backend)
@@ -105,14 +119,7 @@ def test_a_frozen_parameter_is_unchanged_by_adam_and_the_others_match_torch(back
     step = ctx.compile(update, adam)
     torch_loss, torch_params = torch_two_layer(frozen=("w1",))
     torch_adam = torch.optim.Adam([torch_params["b1"], torch_params["w2"]], lr=0.01)
-    for k in range(STEPS):
-        step.run()
-        torch_adam.zero_grad()
-        torch_loss().backward()
-        torch_adam.step()
-        np.testing.assert_array_equal(ctx.get(params["w1"]), W1)
-        for name in ("b1", "w2"):
-            assert_close(ctx.get(params[name]), torch_params[name], f"step {k} {name}")
+    train_beside_torch(ctx, step, params, torch_loss, torch_adam, torch_params, fixed={"w1": W1}, trained=("b1", "w2"))
 
 
 def test_a_frozen_parameter_has_no_gradient_and_says_so():
@@ -140,14 +147,8 @@ def test_grad_update_of_chosen_params_updates_only_them_and_matches_torch(backen
     step = ctx.compile(update, adam)
     torch_loss, torch_params = torch_two_layer(frozen=("w1", "b1"))
     torch_adam = torch.optim.Adam([torch_params["w2"]], lr=0.01)
-    for k in range(STEPS):
-        step.run()
-        torch_adam.zero_grad()
-        torch_loss().backward()
-        torch_adam.step()
-        np.testing.assert_array_equal(ctx.get(params["w1"]), W1)
-        np.testing.assert_array_equal(ctx.get(params["b1"]), B1)
-        assert_close(ctx.get(params["w2"]), torch_params["w2"], f"step {k} w2")
+    train_beside_torch(ctx, step, params, torch_loss, torch_adam, torch_params, fixed={"w1": W1, "b1": B1},
+                       trained=("w2",))
     assert [p.label for p in train.grad_update(loss).params] == ["w1", "b1", "w2"]
 
 
