@@ -70,6 +70,7 @@ from typing import ClassVar
 from ocannl import config
 from ocannl.backends import cache
 from ocannl.backends.c.emit import translation_units
+from ocannl.backends.c.threads import usable_cores
 from ocannl.backends.toolchain import (
     LINK_FLAGS, Toolchain, build_shared, cache_key, check_probe, compiler_version, find_compiler, probed,
 )
@@ -279,8 +280,7 @@ def parallel_units(source: str) -> list[str]:
     its helper functions, or the whole source when it is short (:data:`PARALLEL_BYTES`)."""
     if len(source) <= PARALLEL_BYTES:
         return [source]
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return translation_units(source, cores + 1)
+    return translation_units(source, len(usable_cores()) + 1)
 
 
 def compile_objects(units: list[str], tc: CToolchain, folder: Path) -> list[str]:

@@ -30,6 +30,13 @@ _BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
 """``user nice system irq softirq steal`` of a ``/proc/stat`` cpu line (idle and iowait are not)."""
 
 
+def usable_cores() -> list[int]:
+    """The cores this process may run on: its affinity mask, where the system has one."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
 def _thread_limit(cores: int) -> int:
     """``OMP_NUM_THREADS``'s first level when it is a positive number, else ``cores``."""
     value = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
@@ -46,8 +53,7 @@ class FreeCores:
 
     def __init__(self, stat_path: str = "/proc/stat"):
         self.stat_path = stat_path
-        self.cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(
-            range(os.cpu_count() or 1))
+        self.cores = usable_cores()
         self.limit = _thread_limit(len(self.cores))
         self.count = min(self.limit, len(self.cores))
         self._sample: tuple[float, float, float] | None = self._read()
