@@ -42,9 +42,10 @@ following links (``O_NOFOLLOW``, checked again on the open descriptor), never bl
 FIFO, and at most :data:`MAX_ENTRY_BYTES` long (a link to ``/dev/zero`` or a FIFO is an entry
 to rebuild, not a hang or an exhausted memory). A library is loaded by its path
 (:func:`loading`): it is verified from an open descriptor, which is kept open, and the path must
-still name that same file (device and inode) just before it is loaded. Between that check and
-the load only a process of this user could replace the file (nobody else can write in the
-cache), and ocannl's own processes only ever rename complete, sealed entries into place.
+still name that same file (device and inode) just before it is loaded; when another build of
+the same entry renamed its copy into place meanwhile, that copy is checked in turn. Between that
+check and the load only a process of this user could replace the file (nobody else can write in
+the cache), and ocannl's own processes only ever rename complete, sealed entries into place.
 
 **Housekeeping.** A build killed mid-way (``kill -9``) leaves a temporary file: temporary files
 older than an hour are removed when a cache folder is next used (ocannl/tempfiles.py), and the
@@ -73,6 +74,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -83,7 +85,11 @@ from ocannl.tempfiles import remove_stale_temporaries, temporary_beside, write_a
 
 FIX = "set OCANNL_CACHE_DIR to a directory only you can write"
 ATTEMPTS = 3
-"""How many times a build starts over when the cache directory vanishes under it."""
+"""How many times a build starts over when the cache directory vanishes under it, and a load
+checks an entry that another build of it was replacing (:func:`loading`)."""
+RECHECK_SECONDS = 0.02
+"""The pause before a rejected entry is checked again, times the attempt: a concurrent build
+writes its record a moment before it renames its file."""
 MAX_ENTRY_BYTES = 1 << 28
 """The largest cache file read (256 MiB, far above any routine's library): a bigger one is not an
 entry ocannl wrote."""
@@ -194,21 +200,33 @@ def read_verified(target: Path, limit: int = MAX_ENTRY_BYTES) -> bytes | None:
 def loading(target: Path) -> Iterator[None]:
     """Around code that loads cache file ``target`` by its path (``dlopen``): on entry,
     ``target`` verifies, is held open, and its path still names the file verified (module
-    docstring, "How a file is read"); else a :class:`CacheError`, and the body does not run."""
-    with contextlib.ExitStack() as stack:
-        try:
-            _, checked = stack.enter_context(_verified_file(target, MAX_ENTRY_BYTES))
-            now = os.lstat(target)
-        except FileNotFoundError:
-            raise CacheError(f"the cached {target} vanished as it was about to be loaded: is another program "
-                             f"deleting the kernel cache? {FIX}") from None
-        except _Rejected as e:
-            raise CacheError(f"not loading the cached {target}, which {e}: delete it and compile again (is "
-                             f"another program writing in the kernel cache?)") from None
-        if (now.st_dev, now.st_ino) != (checked.st_dev, checked.st_ino):
-            raise CacheError(f"the cached {target} was replaced as it was about to be loaded, so it is not: is another "
-                             f"program writing in the kernel cache? {FIX}")
-        yield
+    docstring, "How a file is read"); else a :class:`CacheError`, and the body does not run.
+
+    Another process of this user building the same entry renames its own complete copy into
+    place (:func:`build_atomically`): the path may then name a new file between the check and
+    the load, or name it while its record already describes the next copy. Either is checked
+    again, a few times, before it is an error; each check verifies the file that is loaded."""
+    for attempt in range(1, ATTEMPTS + 1):
+        with contextlib.ExitStack() as stack:
+            try:
+                _, checked = stack.enter_context(_verified_file(target, MAX_ENTRY_BYTES))
+                now = os.lstat(target)
+            except FileNotFoundError:
+                raise CacheError(f"the cached {target} vanished as it was about to be loaded: is another program "
+                                 f"deleting the kernel cache? {FIX}") from None
+            except _Rejected as e:
+                if attempt < ATTEMPTS:
+                    time.sleep(RECHECK_SECONDS * attempt)
+                    continue
+                raise CacheError(f"not loading the cached {target}, which {e}: delete it and compile again (is "
+                                 f"another program writing in the kernel cache?)") from None
+            if (now.st_dev, now.st_ino) != (checked.st_dev, checked.st_ino):
+                if attempt < ATTEMPTS:
+                    continue
+                raise CacheError(f"the cached {target} was replaced as it was about to be loaded, {ATTEMPTS} times, "
+                                 f"so it is not: is another program writing in the kernel cache? {FIX}")
+            yield
+            return
 
 
 def build_atomically(cmd: Sequence[str], source: str | None, target: Path, compiler: str) -> None:

@@ -317,13 +317,50 @@ def test_only_the_bytes_verified_are_loaded(tmp_path, monkeypatch):
     @contextlib.contextmanager
     def swapped_after_the_check(path, limit):
         with verified_file(path, limit) as checked:
-            os.replace(target, path)  # the planted library takes the verified one's place
+            if target.exists():  # the planted library takes the verified one's place, once
+                os.replace(target, path)
+                os.replace(cache.record_path(target), cache.record_path(path))
             yield checked
 
     monkeypatch.setattr(cache, "_verified_file", swapped_after_the_check)
-    with pytest.raises(CacheError, match="was replaced as it was about to be loaded"):
-        SharedLibrary(honest, "cc")
+    with pytest.raises(CacheError, match=r"not loading the cached .*\.so, which has the record of c/planted\.so"):
+        SharedLibrary(honest, "cc")  # the replacement is checked in its turn, and refused
     assert not marker.exists()
+
+
+@needs_cc
+def test_an_entry_another_build_replaced_right_after_its_check_is_checked_again_and_loaded(monkeypatch):
+    """Two processes building one routine each rename a complete copy into place: the copy a
+    process checked may be replaced before it loads it (the CI failure of concurrent runs). The
+    new copy is checked and loaded; so is an entry whose record already describes the next copy
+    while the previous one is still in place."""
+    honest = compiler.compile_shared(compiler.PROBE, compiler.toolchain())
+    verified_file = cache._verified_file
+    rebuilds = []
+
+    @contextlib.contextmanager
+    def rebuilt_after_the_check(path, limit):
+        with verified_file(path, limit) as checked:
+            if not rebuilds:
+                rebuilds.append(path)
+                copy = path.with_name("copy.so")
+                shutil.copyfile(path, copy)
+                os.replace(copy, path)  # same bytes, a new file: what a concurrent build leaves
+            yield checked
+
+    monkeypatch.setattr(cache, "_verified_file", rebuilt_after_the_check)
+    assert SharedLibrary(honest, "cc").loaded
+    assert rebuilds == [honest]
+    monkeypatch.setattr(cache, "_verified_file", verified_file)
+
+    record = cache.record_path(honest)
+    sealed = record.read_bytes()
+    record.write_bytes(cache._record(honest, b"the next build's bytes").encode("ascii"))
+    pauses = []
+    # The next build's rename, as it were, lands while the loader waits to check again.
+    monkeypatch.setattr(cache.time, "sleep", lambda seconds: (pauses.append(seconds), record.write_bytes(sealed)))
+    assert SharedLibrary(honest, "cc").loaded
+    assert pauses == [cache.RECHECK_SECONDS]
 
 
 @needs_cc
