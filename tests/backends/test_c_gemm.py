@@ -292,6 +292,30 @@ def test_each_micro_kernel_equals_interpreter(packed_from_one, monkeypatch, isa,
         assert_same_bits(results("c", case, m, k, n), results("interp", case, m, k, n), f"{isa} {case}")
 
 
+@needs_c
+def test_operands_contiguous_along_k_and_4_kib_apart_are_packed_by_blocks(packed_from_one):
+    """``c[i, k] = sum_j a[i, j] * b[k, j]`` (``a @ b.T``: an MLP layer's forward product, and the
+    gradient of its input) with rows 1024 floats apart: both operands are packed 16 terms of a
+    row at a time (``Packing.k_block``), bit for bit the interpreter's, ragged strips included."""
+    rng = np.random.default_rng(0)
+    a_np, b_np = (rng.standard_normal(shape).astype(np.float32) for shape in ((13, 1024), (20, 1024)))
+
+    def build():
+        return oc.einsum("ij;kj=>ik", oc.tensor(a_np), oc.tensor(b_np))
+
+    def values(backend: str) -> dict[str, np.ndarray]:
+        session.reset()
+        ctx = oc.Context(backend)
+        c = build()
+        ctx.compile(c).run()
+        return {"c": ctx.get(c.value)}
+
+    text = c_source(build)
+    assert text.count(f"{cpu_schedule.PACK_K_BLOCK} terms of each at a time") == 2
+    assert "tensor[1024*_at + _kk]" in text, "read at the flat index, not through the digits of k"
+    assert_same_bits(values("c"), values("interp"), "a @ b.T")
+
+
 # ---------------------------------------------------------------------------------------------
 # The plan
 
@@ -325,6 +349,38 @@ def test_plan_of_a_matmul():
     assert g.kc % g.block == 0, "a block must never straddle two panels"
     assert g.c_strides == (40, 1)
     assert plan_contraction(nest).gemm is None, "without a vector width, the target has no packed GEMM"
+
+
+def transposed_product_nest(m: int, k: int, n: int):
+    """``c[i, j] := 0; c[i, j] += a[i, l] * b[j, l]`` (``a @ b.T``) in the summation order's blocks."""
+    a, b, c = TNode("a", (m, k)), TNode("b", (n, k)), TNode("c", (m, n))
+    i, j, l = Symbol(), Symbol(), Symbol()
+    cell = (Iter(i), Iter(j))
+    term = Binary(Binop.MUL, Load(a, (Iter(i), Iter(l))), Load(b, (Iter(j), Iter(l))))
+    nest = loop(i, m, loop(j, n, seq(Store(c, cell, Const(0.0, dtypes.float32)), loop(l, k, accumulate(c, cell, term)))))
+    return block_sums(RoutineIR("transposed", nest)).body
+
+
+def test_plan_packs_by_blocks_the_operands_whose_rows_alias_in_the_cache():
+    """Operands contiguous along ``k`` are read at the flat index of ``k`` (not the digits of its
+    blocks), and packed by blocks of ``k`` when their rows are a multiple of 4 KiB apart."""
+    aliasing = plan_contraction(transposed_product_nest(50, 1024, 40), 32).gemm
+    assert aliasing.a_packing == aliasing.b_packing == cpu_schedule.Packing(True, True, cpu_schedule.PACK_K_BLOCK)
+    assert len(aliasing.k) == 2, "k is two loops, blocks of 64 terms, read as one flat index"
+    apart_784 = plan_contraction(transposed_product_nest(50, 784, 40), 32).gemm
+    assert apart_784.a_packing == apart_784.b_packing == cpu_schedule.Packing(True, True, None)
+    plain = plan_contraction(matmul_nest(50, 1024, 40)[0], 32).gemm
+    assert plain.b_packing.k_block is None, "b is contiguous along its columns: k after k"
+
+
+def test_running_totals_stay_in_registers_where_there_are_enough():
+    """12 x 16 tiles of AVX-512 (12 block sums, 12 running totals, a row of B, a value of A in
+    32 registers) keep their cells' totals in registers; AVX2's 16 registers do not."""
+    plan = plan_contraction(matmul_nest(40, 300, 300)[0])
+    assert plan_gemm(plan, 64).totals_in_registers and not plan_gemm(plan, 32).totals_in_registers
+    assert not plan_gemm(plan_contraction(matmul_nest(40, 60, 300, block=False)[0]), 64).totals_in_registers
+    text = emit_c(RoutineIR("totals", matmul_nest(40, 300, 300)[0]), vector_bytes=64).text
+    assert "_t0_0 = _t0_0 + _c0_0;" in text and "c[0] = c[0] + _c0_0" not in text
 
 
 def test_plan_of_a_projection_over_several_loops():

@@ -17,6 +17,8 @@ kernels per shape follow the two summation orders (docs/semantics.md, "Summation
 
 - ``blocks<B>``: every ``B`` consecutive terms are summed from zero in the registers and the sum
   is then added to the cell (``kc`` is a multiple of ``B``, so every block is whole in one call);
+  where the target has the registers (``totals_in_registers``), the cells' running totals stay in
+  registers beside the block sums and the tile is written once, at the end of the call;
 - ``inorder``: the registers start from the cells and add the terms one by one.
 
 A contraction that resets its cells first (``c[I] := 0.0`` before the sum) does not store the
@@ -102,8 +104,21 @@ def kernel(shape: MicroKernel) -> list[str]:
         "    int fresh, float start) {",
         f"  const {vector} _s = {splat};",
     ]
-    if shape.block:
-        zero = "{0}" if lanes > 1 else "0.0f"
+    zero = "{0}" if lanes > 1 else "0.0f"
+    if shape.block and shape.totals_in_registers:
+        lines += [
+            *(f"  {vector} _t{r}_{v} = fresh ? _s : {c_cell(r, v)};" for r, v in cells),
+            f"  for (int64_t k0 = 0; k0 < kc; k0 += {shape.block}) {{",
+            f"    const int64_t k1 = k0 + {shape.block} < kc ? k0 + {shape.block} : kc;",
+            *(f"    {vector} _c{r}_{v} = {zero};" for r, v in cells),
+            "    for (int64_t k = k0; k < k1; ++k) {",
+            *step("      "),
+            "    }",
+            *(f"    _t{r}_{v} = _t{r}_{v} + _c{r}_{v};" for r, v in cells),
+            "  }",
+            *(f"  {c_cell(r, v)} = _t{r}_{v};" for r, v in cells),
+        ]
+    elif shape.block:
         lines += [
             f"  for (int64_t k0 = 0; k0 < kc; k0 += {shape.block}) {{",
             f"    const int64_t k1 = k0 + {shape.block} < kc ? k0 + {shape.block} : kc;",

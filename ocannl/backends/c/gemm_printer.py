@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable
 
 from ocannl.backends.c.cells import cell_start, reset_value
 from ocannl.lowlevel import dtypes
-from ocannl.lowlevel.cpu_schedule import ContractionPlan, GemmPlan, Loops
+from ocannl.lowlevel.cpu_schedule import ContractionPlan, GemmPlan, Loops, Packing
 from ocannl.lowlevel.identifiers import comment_text
 from ocannl.lowlevel.ir import Binary, Load, format_expr, format_stmt
 from ocannl.lowlevel.scalar_ops import Binop
@@ -60,8 +60,17 @@ def _minimum(a: str, b: str) -> str:
     return f"{a} < {b} ? {a} : {b}"
 
 
-def _digits(loops: Loops, flat: str) -> dict:
-    """The walk's texts of ``loops`` as the row-major digits of the flat index ``flat``."""
+def _order(packing: Packing) -> str:
+    """How a strip is packed, for its comment."""
+    return "k after k" if packing.k_block is None else f"{packing.k_block} terms of each at a time"
+
+
+def _digits(loops: Loops, flat: str, linear: bool = False) -> dict:
+    """The walk's texts of ``loops`` as the row-major digits of the flat index ``flat``;
+    ``linear``: for an access whose offset is linear in that flat index (:class:`Packing`), the
+    last loop as the flat index and the others as nothing."""
+    if linear:
+        return {s: (flat, 0) if position == len(loops) - 1 else (None, 0) for position, (s, _) in enumerate(loops)}
     texts = {}
     stride = 1
     for position, (s, n) in reversed(list(enumerate(loops))):
@@ -165,50 +174,57 @@ class _GemmPrinter:
         """One ``kc`` panel of the reduction: its panel of B packed, then each block of rows."""
         e, it, nr = self.e, self.it, self.g.nr
         e.line(f"const {it} _kc = {_minimum(f'{self.n_k} - _pc', str(self.kc))};")
-        e.line(f"/* pack B: the panel's columns in strips of {nr}, k after k */")
-        self.strips("_pb", "_jr", "_jc", "_nc", "_w", self.g.b, nr, self.g.cols)
+        e.line(f"/* pack B: the panel's columns in strips of {nr}, {_order(self.g.b_packing)} */")
+        self.strips("_pb", "_jr", "_jc", "_nc", "_w", self.g.b, nr, self.g.cols, self.g.b_packing)
         self.block(f"for ({it} _ic = _iu; _ic < _mend; _ic += {self.mc})", self.tiles)
 
     def tiles(self) -> None:
         """One ``mc`` block of rows: its block of A packed, then the micro-kernel over its tiles."""
         e, it, mr, nr = self.e, self.it, self.g.mr, self.g.nr
         e.line(f"const {it} _mcc = {_minimum('_mend - _ic', str(self.mc))};")
-        e.line(f"/* pack A: the block's rows in strips of {mr}, k after k */")
-        self.strips("_pa", "_ir", "_ic", "_mcc", "_h", self.g.a, mr, self.g.rows)
+        e.line(f"/* pack A: the block's rows in strips of {mr}, {_order(self.g.a_packing)} */")
+        self.strips("_pa", "_ir", "_ic", "_mcc", "_h", self.g.a, mr, self.g.rows, self.g.a_packing)
         e.line(f"/* the micro-kernel over the block's {mr}x{nr} tiles */")
         self.block(f"for ({it} _jr = 0; _jr < _nc; _jr += {nr})",
                    lambda: self.block(f"for ({it} _ir = 0; _ir < _mcc; _ir += {mr})", self.tile))
 
     def strips(self, buffer: str, offset: str, first: str, count: str, span: str, factor: Load, width: int,
-               along: Loops) -> None:
+               along: Loops, packing: Packing) -> None:
         """Packs ``count`` rows or columns of ``factor`` from ``first`` on (the flat index of the
         loops ``along``) into ``buffer``, in strips of ``width`` (the loop variable ``offset``;
-        ``span``: the strip's rows or columns, fewer at the edge)."""
+        ``span``: the strip's rows or columns, fewer at the edge), as ``packing`` says."""
         e, it = self.e, self.it
 
         def strip() -> None:
             e.line(f"{self.real} *_strip = {buffer} + {offset}*_kc;")
             e.line(f"const {it} _start = {first} + {offset}, {span} = {_minimum(f'{count} - {offset}', str(width))};")
-            self.pack("_strip", factor, width, span, along)
+            self.pack("_strip", factor, width, span, along, packing)
 
         self.block(f"for ({it} {offset} = 0; {offset} < {count}; {offset} += {width})", strip)
 
-    def pack(self, buffer: str, factor: Load, width: int, span: str, along: Loops) -> None:
+    def pack(self, buffer: str, factor: Load, width: int, span: str, along: Loops, packing: Packing) -> None:
         """``buffer[k*width + q] = factor`` at the flat index ``start + q`` of the loops
         ``along`` for ``q < span`` and the ``k`` of the panel, zero for ``span <= q < width``: one
-        packed strip, written in order (``k`` outside, ``q`` inside: an operand contiguous along
-        ``k`` is read ``width`` rows at a time, each row's cache lines staying in L1 for the next
-        ``k``). A whole strip's inner loop has a constant trip count, which the compiler unrolls
-        or vectorizes."""
+        packed strip. Written in order (``k`` outside, ``q`` inside), or, for an operand
+        contiguous along ``k`` (``packing.k_block``), a block of ``k`` at a time and each of the
+        strip's rows or columns along it inside. The inner loop has a constant trip count, which
+        the compiler unrolls or vectorizes."""
         e, it = self.e, self.it
-        with e.symbol_texts({**_digits(along, "_at"), **_digits(self.g.k, "_kk")}):
+        texts = {**_digits(along, "_at", packing.flat_along), **_digits(self.g.k, "_kk", packing.flat_k)}
+        with e.symbol_texts(texts):
             def cell() -> None:
                 e.line(f"const {it} _at = _start + _q, _kk = _pc + _k;")
                 e.line(f"{buffer}[{width}*_k + _q] = {e.expr(factor)};")
 
             def strip(count: str) -> None:
-                self.block(f"for ({it} _k = 0; _k < _kc; ++_k)",
-                           lambda: self.block(f"for ({it} _q = 0; _q < {count}; ++_q)", cell))
+                if packing.k_block is None:
+                    self.block(f"for ({it} _k = 0; _k < _kc; ++_k)",
+                               lambda: self.block(f"for ({it} _q = 0; _q < {count}; ++_q)", cell))
+                    return
+                block = packing.k_block
+                self.block(f"for ({it} _k0 = 0; _k0 < _kc; _k0 += {block})", lambda: self.block(
+                    f"for ({it} _q = 0; _q < {count}; ++_q)",
+                    lambda: self.block(f"for ({it} _k = _k0; _k < _k0 + {block}; ++_k)", cell)))
 
             e.line(f"if ({span} == {width}) {{")
             with e.indented():
