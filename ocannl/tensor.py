@@ -208,6 +208,14 @@ class Tensor:
         mark_materialized(self.value)
         return self
 
+    def retain_grad(self) -> "Tensor":
+        """Keep this tensor's gradient in a buffer in routines compiled from now on, so that
+        ``t.grad.numpy()`` can read it, as PyTorch's ``retain_grad``. A parameter's gradient is
+        always kept; an intermediate result's is inlined where the backward pass uses it, as the
+        tensor's value is (it never exists as a whole otherwise)."""
+        mark_materialized(self.grad)
+        return self
+
     @property
     def requires_grad(self) -> bool:
         """Float trainable parameters, and float results of differentiable ops with a
@@ -391,10 +399,16 @@ class GradNode(TNode):
         # float32 (its compute type), so that it accumulates without rounding to 16 bits per term.
         super().__init__(t.label, dims=lambda: t.dims, dtype=t.dtype.compute, grad_of=t.value)
         self.tensor = t
+        if not t.is_param:
+            # An intermediate result's gradient: the optimizer may inline it into the backward
+            # code that reads it (a gradient passed on through an addition becomes no copy at
+            # all), unless ``t.retain_grad()`` asks to keep it.
+            mark_virtual(self)
 
     def numpy(self) -> np.ndarray:
 
-        ctx = session_state.last_writer(self)
+        ctx = session_state.last_writer(self) or next(
+            (c for c in list(session_state.contexts) if c.inlined(self)), None)
         if ctx is None:
             raise SessionError(f"the gradient of {self.tensor.label!r} has not been computed: compile "
                                f"and run train.grad_update(loss) first")

@@ -23,7 +23,7 @@ import pytest
 
 import ocannl as oc
 from ocannl import train
-from ocannl.errors import OcannlError, OutOfBoundsError, ShapeError
+from ocannl.errors import OcannlError, OutOfBoundsError, SessionError, ShapeError
 
 STEP = 1e-5
 """Central-difference step: truncation ~STEP**2, rounding ~1e-16 / STEP, both far below RTOL."""
@@ -388,6 +388,24 @@ def run_grad_update(loss: oc.Tensor, **bindings):
     return routine
 
 
+def test_an_intermediate_gradient_is_kept_only_when_asked():
+    """As in PyTorch, an intermediate result's gradient is not kept: the optimizer inlines it into
+    the backward code that reads it (here a copy, which then costs nothing). Reading it says how
+    to keep it; ``retain_grad()`` keeps it."""
+    x = scalar_param("x", 5.0)
+    y = x * 3.0
+    f = y + 1.0
+    routine = run_grad_update(f)
+    assert y.grad not in routine.ir.writes
+    np.testing.assert_allclose(x.grad.numpy(), [3.0])
+    with pytest.raises(SessionError, match=r"call t\.retain_grad\(\) on its tensor t \(labelled 'mul'\)"):
+        y.grad.numpy()
+    y.retain_grad()
+    routine = run_grad_update(f)
+    assert y.grad in routine.ir.writes
+    np.testing.assert_allclose(y.grad.numpy(), [1.0])
+
+
 def test_zero2hero_quadratic():
     """f = 3x² − 4x + 5 at x = 5 (the original's zero-to-hero test)."""
     x = scalar_param("x", 5.0)
@@ -396,6 +414,8 @@ def test_zero2hero_quadratic():
     four_x = 4 * x
     diff = three_x2 - four_x
     f = diff + 5
+    for t in (f, diff, three_x2, four_x, x2):
+        t.retain_grad()  # intermediate gradients are inlined unless kept
     routine = run_grad_update(f)
     values = {"f": 60.0, "3x²-4x": 55.0, "3x²": 75.0, "4x": 20.0, "x²": 25.0}
     grads = {"f": 1.0, "3x²-4x": 1.0, "3x²": 1.0, "4x": -1.0, "x²": 3.0, "x": 26.0}

@@ -11,14 +11,12 @@ FP_FUSION = False
 
 
 @triton.jit
-def loss_grad_update_then_loss_sgd_update_0_sub(program, sub, b, target, w, x, mul_grad, sub_grad, add_grad, compose_grad, partials, slices_done, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+def loss_grad_update_then_loss_sgd_update_0_sub(program, sub, b, target, w, x, sub_grad, compose_grad, partials, slices_done, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """Tiled tl.dot kernel over grid 8 x 4: loss forward; loss backprop
 
     grid i0, i1: for i0 = 0 to 7 { for i1 = 0 to 3 { sub[i0, i1] := ((v0 { v0 := 0.0; for i2 = 0 to 1023 {...
-    grid i3, i4: for i3 = 0 to 7 { for i4 = 0 to 3 { mul.grad[i3, i4] := 0.03125; } }
-    grid i5, i6: for i5 = 0 to 7 { for i6 = 0 to 3 { sub.grad[i5, i6] := ((0.0 + (mul.grad[i5, i6] * sub[i...
-    grid i7, i8: for i7 = 0 to 7 { for i8 = 0 to 3 { add.grad[i7, i8] := (0.0 + sub.grad[i7, i8]); } }
-    grid i9, i10: for i9 = 0 to 7 { for i10 = 0 to 3 { compose.grad[i9, i10] := (0.0 + add.grad[i9, i10]); } }
+    grid i3, i4: for i3 = 0 to 7 { for i4 = 0 to 3 { sub.grad[i3, i4] := ((0.0 + (0.03125 * sub[i3, i4])) ...
+    grid i5, i6: for i5 = 0 to 7 { for i6 = 0 to 3 { compose.grad[i5, i6] := (0.0 + (0.0 + sub.grad[i5, i6...
     """
     # rows (8) x columns (4), summing over (1024)
     pid0 = program
@@ -59,13 +57,10 @@ def loss_grad_update_then_loss_sgd_update_0_sub(program, sub, b, target, w, x, m
     t3 = tl.load(target + rm * 4 + rn, mask=mmask & nmask & last1, other=0.0)
     t4 = ((v0 + t2) - t3)
     tl.store(sub + rm * 4 + rn, t4, mask=mmask & nmask & last1)
-    tl.store(mul_grad + rm * 4 + rn, 0.03125, mask=mmask & nmask & last1)
     t5 = ((0.0 + (0.03125 * t4)) + (t4 * 0.03125))
     tl.store(sub_grad + rm * 4 + rn, t5, mask=mmask & nmask & last1)
-    t6 = (0.0 + t5)
-    tl.store(add_grad + rm * 4 + rn, t6, mask=mmask & nmask & last1)
-    t7 = (0.0 + t6)
-    tl.store(compose_grad + rm * 4 + rn, t7, mask=mmask & nmask & last1)
+    t6 = (0.0 + (0.0 + t5))
+    tl.store(compose_grad + rm * 4 + rn, t6, mask=mmask & nmask & last1)
 
 
 @triton.jit
@@ -79,7 +74,7 @@ def loss_grad_update_then_loss_sgd_update_2_loss_grad(program, loss_grad, XBLOCK
 
 
 @triton.jit
-def loss_grad_update_then_loss_sgd_update_group0(sub, b, target, w, x, mul_grad, sub_grad, add_grad, compose_grad, partials, slices_done, loss_grad):
+def loss_grad_update_then_loss_sgd_update_group0(sub, b, target, w, x, sub_grad, compose_grad, partials, slices_done, loss_grad):
     """One launch of 2 kernels over 5 programs: segments of
     programs that touch no node another segment writes (a chain: one program running its
     kernels in order, with barriers).
@@ -89,7 +84,7 @@ def loss_grad_update_then_loss_sgd_update_group0(sub, b, target, w, x, mul_grad,
     """
     pid = tl.program_id(0)
     if pid < 4:
-        loss_grad_update_then_loss_sgd_update_0_sub(pid, sub, b, target, w, x, mul_grad, sub_grad, add_grad, compose_grad, partials, slices_done, BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, GROUP_M=8)
+        loss_grad_update_then_loss_sgd_update_0_sub(pid, sub, b, target, w, x, sub_grad, compose_grad, partials, slices_done, BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, GROUP_M=8)
     elif pid < 5:
         loss_grad_update_then_loss_sgd_update_2_loss_grad(pid - 4, loss_grad, XBLOCK=1)
 
@@ -116,17 +111,17 @@ def loss_grad_update_then_loss_sgd_update_4_w_grad(program, w_grad, compose_grad
 
 
 @triton.jit
-def loss_grad_update_then_loss_sgd_update_3_b_grad(program, b_grad, add_grad, b, XBLOCK: tl.constexpr):
+def loss_grad_update_then_loss_sgd_update_3_b_grad(program, b_grad, sub_grad, b, XBLOCK: tl.constexpr):
     """Flat kernel over grid 4.
 
-    grid i0: for i0 = 0 to 3 { b.grad[i0] := 0.0; for i1 = 0 to 7 { b.grad[i0] := (b.grad[i0] + add.gr...
+    grid i0: for i0 = 0 to 3 { b.grad[i0] := 0.0; for i1 = 0 to 7 { b.grad[i0] := (b.grad[i0] + (0.0 +...
     grid i2: for i2 = 0 to 3 { b[i2] := (b[i2] - (0.1 * b.grad[i2])); }
     """
     xindex = program * XBLOCK + tl.arange(0, XBLOCK)
     acc = tl.full([XBLOCK], 0.0, tl.float32)
     for s0 in range(8):
-        t0 = tl.load(add_grad + s0 * 4 + xindex)
-        acc = (acc + t0)
+        t0 = tl.load(sub_grad + s0 * 4 + xindex)
+        acc = (acc + (0.0 + t0))
     tl.store(b_grad + xindex, acc)
     t1 = tl.load(b + xindex)
     t2 = (t1 - (0.1 * acc))
@@ -150,7 +145,7 @@ def loss_grad_update_then_loss_sgd_update_1_loss(program, loss, sub, RBLOCK: tl.
 
 
 @triton.jit
-def loss_grad_update_then_loss_sgd_update_group1(w_grad, compose_grad, x, w, b_grad, add_grad, b, loss, sub):
+def loss_grad_update_then_loss_sgd_update_group1(w_grad, compose_grad, x, w, b_grad, sub_grad, b, loss, sub):
     """One launch of 3 kernels over 6 programs: segments of
     programs that touch no node another segment writes (a chain: one program running its
     kernels in order, with barriers).
@@ -163,7 +158,7 @@ def loss_grad_update_then_loss_sgd_update_group1(w_grad, compose_grad, x, w, b_g
     if pid < 4:
         loss_grad_update_then_loss_sgd_update_4_w_grad(pid, w_grad, compose_grad, x, w, XBLOCK=1024)
     elif pid < 5:
-        loss_grad_update_then_loss_sgd_update_3_b_grad(pid - 4, b_grad, add_grad, b, XBLOCK=4)
+        loss_grad_update_then_loss_sgd_update_3_b_grad(pid - 4, b_grad, sub_grad, b, XBLOCK=4)
     elif pid < 6:
         loss_grad_update_then_loss_sgd_update_1_loss(pid - 5, loss, sub, RBLOCK=32)
 
@@ -178,9 +173,7 @@ def launch(buffers, symbols, error):
         buffers["target"],
         buffers["w"],
         buffers["x"],
-        buffers["mul_grad"],
         buffers["sub_grad"],
-        buffers["add_grad"],
         buffers["compose_grad"],
         buffers[('loss_grad_update_then_loss_sgd_update_0_sub', 'partials')],
         buffers[('loss_grad_update_then_loss_sgd_update_0_sub', 'slices_done')],
@@ -195,7 +188,7 @@ def launch(buffers, symbols, error):
         buffers["x"],
         buffers["w"],
         buffers["b_grad"],
-        buffers["add_grad"],
+        buffers["sub_grad"],
         buffers["b"],
         buffers["loss"],
         buffers["sub"],

@@ -101,6 +101,11 @@ class Context:
 
     # -- data -----------------------------------------------------------------------------------
 
+    def inlined(self, tnode: TNode) -> bool:
+        """Whether the last routine run here that computes ``tnode`` computed it inline, leaving
+        no value to read (:meth:`get` says how to keep it)."""
+        return node_of(tnode) in self._inlined
+
     def has_value(self, tnode: TNode) -> bool:
         """Whether ``tnode`` has a buffer here: set by :meth:`set`, or used by a routine run."""
         return node_of(tnode) in self._buffers

@@ -359,17 +359,18 @@ def node_of(x: Any) -> TNode:
 
 
 def inlined_message(tnode: TNode, routine: str) -> str:
-    return (
-        f"{tnode.debug_name} was virtualized: routine {routine} computes it inline where it is used and never "
-        f"stores it, so it has no value to read. {how_to_keep(tnode, routine)}; or read it with t.numpy(), "
-        f"which recomputes it from the current parameters, given the index symbols it reads as keywords "
-        f"(e.g. t.numpy(batch_n=3))"
-    )
+    what = (f"{tnode.debug_name} was virtualized: routine {routine} computes it inline where it is used and never "
+            f"stores it, so it has no value to read. {how_to_keep(tnode, routine)}")
+    if tnode.grad_of is not None:  # a gradient is not recomputed on its own
+        return what
+    return (f"{what}; or read it with t.numpy(), which recomputes it from the current parameters, given the "
+            f"index symbols it reads as keywords (e.g. t.numpy(batch_n=3))")
 
 
 def how_to_keep(tnode: TNode, routine: str) -> str:
     """The fix, in the tensor API's words: nodes are what the user's tensors hold."""
-    return f"To keep it, call t.materialize() on its tensor t (labelled {tnode.label!r}) before compiling {routine}"
+    keep, tensor = ("t.retain_grad()", tnode.grad_of) if tnode.grad_of is not None else ("t.materialize()", tnode)
+    return f"To keep it, call {keep} on its tensor t (labelled {tensor.label!r}) before compiling {routine}"
 
 
 def buffer_shape(tnode: TNode) -> tuple[int, ...]:

@@ -45,8 +45,8 @@ from ocannl.lowlevel.analysis import (
 from ocannl.lowlevel.dtypes import DType
 from ocannl.lowlevel.indexing import Affine, AnySymbol, AxisIndex, Iter, Symbol, index_symbols
 from ocannl.lowlevel.ir import (
-    Binary, Const, Expr, Fill, For, GetLocal, Load, LoadDynamic, Local, LocalScope, LoopKind, Seq, SetLocal, Stmt,
-    Store, StoreDynamic, Ternary, iter_exprs, iter_stmts, seq, stmt_exprs, total_over_executions,
+    Binary, Cast, Const, Expr, Fill, For, GetLocal, Load, LoadDynamic, Local, LocalScope, LoopKind, Seq, SetLocal,
+    Stmt, Store, StoreDynamic, Ternary, Unary, iter_exprs, iter_stmts, seq, stmt_exprs, total_over_executions,
 )
 from ocannl.lowlevel.rewrite import FreshCopy, Rewriter
 from ocannl.lowlevel.scalar_ops import Binop, Ternop
@@ -430,7 +430,7 @@ def plan_gemm(plan: ContractionPlan, vector_bytes: int) -> GemmPlan | None:
     k, term, block = flat
     if not (isinstance(term, Binary) and term.op is Binop.MUL and term.dtype is dtypes.float32):
         return None
-    if not all(isinstance(f, Load) and f.dtype is dtypes.float32 for f in (term.a, term.b)):
+    if not all(_factor_load(f) is not None and f.dtype is dtypes.float32 for f in (term.a, term.b)):
         return None
     product = contraction_of(term.a, term.b, tuple(s for s, _ in plan.parallel), k)
     if product is None:
@@ -480,9 +480,17 @@ def plan_gemm(plan: ContractionPlan, vector_bytes: int) -> GemmPlan | None:
         nc=nc,
         parallel=plan.work >= GEMM_PARALLEL_MIN_WORK,
         totals_in_registers=totals_in_registers,
-        a_packing=_packing(product.a, rows, k, kc, {**extent, **dict(k)}),
-        b_packing=_packing(product.b, cols, k, kc, {**extent, **dict(k)}),
+        a_packing=_packing(_factor_load(product.a), rows, k, kc, {**extent, **dict(k)}),
+        b_packing=_packing(_factor_load(product.b), cols, k, kc, {**extent, **dict(k)}),
     )
+
+
+def _factor_load(factor: Expr) -> Load | None:
+    """The one load a factor of a packed GEMM reads: the factor is that load, or a function of it
+    and constants alone (a gradient's copy ``0.0 + g[i]``, a cast, ``relu x``), which the packing
+    computes once per packed value; ``None`` for any other factor."""
+    reads = [e for e in iter_exprs(factor) if isinstance(e, (Load, LoadDynamic, GetLocal, LocalScope))]
+    return reads[0] if len(reads) == 1 and isinstance(reads[0], Load) else None
 
 
 def _packing(factor: Load, along: Loops, k: Loops, kc: int, extents: dict[AnySymbol, int]) -> Packing:
@@ -590,12 +598,18 @@ def _block_leaf(leaf: Stmt) -> tuple[list[For], Expr] | None:
 
 
 def _substituted(term: Expr, env: dict[AnySymbol, AxisIndex]) -> Expr | None:
-    """``term`` with the symbols of ``env`` replaced in its loads' indices, when it is a product
-    of loads (the only terms a GEMM takes), else ``None``."""
+    """``term`` with the symbols of ``env`` replaced in its loads' indices, when it is built of
+    loads and constants through arithmetic and casts (a GEMM takes products of loads, or of
+    functions of one load each), else ``None``."""
     match term:
         case Binary(op=op, a=a, b=b):
             x, y = _substituted(a, env), _substituted(b, env)
             return None if x is None or y is None else Binary(op, x, y)
+        case Unary(x=a) | Cast(x=a):
+            x = _substituted(a, env)
+            return None if x is None else replace(term, x=x)
+        case Const():
+            return term
         case Load(tnode=node, indices=indices, oob_value=oob):
             return Load(node, tuple(substitute_index(i, env) for i in indices), oob)
     return None
@@ -610,6 +624,10 @@ def _key(term: Expr) -> object:
     match term:
         case Binary(op=op, a=a, b=b):
             return (op, _key(a), _key(b))
+        case Unary(op=op, x=x):
+            return (op, _key(x))
+        case Cast(x=x, dtype=dtype):
+            return ("cast", dtype, _key(x))
         case Load(tnode=node, indices=indices, oob_value=oob):
             forms = []
             for i in indices:

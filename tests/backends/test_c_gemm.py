@@ -137,7 +137,7 @@ def dense_relu_step(k: int):
 @pytest.mark.parametrize("k", [cpu_schedule.GEMM_BLOCKING[1] // 2 + 7, cpu_schedule.GEMM_BLOCKING[1] + 44],
                          ids=["one panel", "two panels"])
 def test_products_inlined_into_their_consumers_run_as_gemms(packed_from_one, k):
-    """A product inlined into its consumer (a bias add) runs as a packed GEMM into the result,
+    """A product inlined into its consumer (a bias add, relu's gradient mask) runs as a packed GEMM into the result,
     then the consumer over it (``cpu_schedule.gemm_with_epilogue``), with its terms in one ``kc``
     panel or several: the interpreter's bits."""
     values = {}
@@ -153,7 +153,9 @@ def test_products_inlined_into_their_consumers_run_as_gemms(packed_from_one, k):
             text = step._executable.source.text
             split = [s for s in step.ir.body.stmts if isinstance(s, For)
                      and cpu_schedule.gemm_with_epilogue(s, 32) is not None]
-            assert len(split) == 1, "the forward product with its bias add"
+            # The forward product with its bias add; the product giving relu's input gradient
+            # with relu's mask (``add.grad``: intermediate gradients are inlined).
+            assert len(split) == 2, "the forward product with its bias add, the backward one with its mask"
             assert text.count("as a packed GEMM") >= len(split) + 1, text
     assert_same_bits(values["c"], values["interp"], "dense relu step")
 
@@ -371,6 +373,27 @@ def test_plan_packs_by_blocks_the_operands_whose_rows_alias_in_the_cache():
     assert apart_784.a_packing == apart_784.b_packing == cpu_schedule.Packing(True, True, None)
     plain = plan_contraction(matmul_nest(50, 1024, 40)[0], 32).gemm
     assert plain.b_packing.k_block is None, "b is contiguous along its columns: k after k"
+
+
+def test_a_factor_computed_from_one_load_is_packed_as_computed():
+    """An intermediate gradient inlined into a product (``0.0 + g[i, l]``, the copy of a gradient
+    passed on through an addition) leaves the product GEMM-class: the packing computes the factor
+    as it reads the load. A factor reading two loads does not."""
+    a, b, c = TNode("a", (50, 200)), TNode("b", (200, 40)), TNode("c", (50, 40))
+    i, j, l = Symbol(), Symbol(), Symbol()
+    cell = (Iter(i), Iter(j))
+
+    def nest(factor):
+        term = Binary(Binop.MUL, factor, Load(b, (Iter(l), Iter(j))))
+        body = seq(Store(c, cell, Const(0.0, dtypes.float32)), loop(l, 200, accumulate(c, cell, term)))
+        return block_sums(RoutineIR("copy", loop(i, 50, loop(j, 40, body)))).body
+
+    copy = Binary(Binop.ADD, Const(0.0, dtypes.float32), Load(a, (Iter(i), Iter(l))))
+    g = plan_contraction(nest(copy), 32).gemm
+    assert g is not None and isinstance(g.a, Binary) and g.a.a == copy.a and g.a.b.tnode is a and g.a_packing.flat_k
+    assert "_strip[6*_k + _q] = (0.0f + a[200*_at + _kk]);" in emit_c(RoutineIR("copy", nest(copy)), vector_bytes=32).text
+    two_loads = Binary(Binop.ADD, Load(a, (Iter(i), Iter(l))), Load(a, (Iter(i), Iter(l))))
+    assert plan_contraction(nest(two_loads), 32).gemm is None
 
 
 def test_running_totals_stay_in_registers_where_there_are_enough():

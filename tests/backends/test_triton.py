@@ -511,7 +511,7 @@ def test_training_steps_run_no_serial_reduction_of_16_or_more_terms(build):
     serial = [(name, int(n)) for name, n in re.findall(r"for (\w+) in range\((\d+)\)", text)]
     assert [loop for loop in serial if loop[1] >= 16] == []
     if build is _transformer_block_step:  # the subtractions (softmax, layer norm) are trees too
-        assert len(re.findall(r"(acc\w*) = \1 - tl\.sum\(", text)) >= 3
+        assert len(re.findall(r"(\w+) = \1 - tl\.sum\(", text)) >= 3  # into an accumulator, or a local
 
 
 def test_transformer_block_gradients_with_tiled_subtractions_match_the_interpreter():
