@@ -1,10 +1,14 @@
 """The arithmetic and memory traffic of loop IR, counted from the program alone: what a profile
 divides its measured times by to give GFLOP/s and GB/s (README, "Profiling").
 
-* **FLOPs**: every floating-point operator one execution of a statement evaluates, times the
-  number of times it runs. ``fma`` and ``mul3`` count two; casts, loads, comparisons of integers
-  and index arithmetic count nothing. Local scopes (a reduction computed inside an expression)
-  count each time their expression runs.
+* **FLOPs**: every floating-point operator one execution of a statement evaluates, once for
+  each value it takes: times the extents of the loops its operands read, not of the loops that
+  only repeat it (``0.0 + g[i, k]`` in loops ``i, j, k`` counts ``|i| * |k|``: a compiled
+  backend computes it once a value, as a packed GEMM does packing its operand; the term ``a[i, k]
+  * b[k, j]`` counts ``|i| * |j| * |k|``). An operator reading a local (a running sum) counts
+  each time it runs. ``fma`` and ``mul3`` count two; casts, loads, comparisons of integers and
+  index arithmetic count nothing. Local scopes (a reduction computed inside an expression) count
+  each time their expression runs.
 * **Bytes**: for each node a statement reads or writes, the cells its accesses reach over the
   loops around them (an access ``a[i, k]`` in loops ``i, j, k`` reaches ``|i| * |k|`` cells,
   not ``|i| * |j| * |k|``: the repeats stay in cache), at most the node's size, times the cell's
@@ -22,7 +26,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from ocannl.lowlevel.indexing import AnySymbol, AxisIndex, IndexSymbol, index_symbols
-from ocannl.lowlevel.analysis import affine_form
+from ocannl.lowlevel.analysis import affine_form, expr_symbols
 from ocannl.lowlevel.ir import (
     Binary,
     Comment,
@@ -30,6 +34,7 @@ from ocannl.lowlevel.ir import (
     Expr,
     Fill,
     For,
+    GetLocal,
     Load,
     LoadDynamic,
     LocalScope,
@@ -97,7 +102,9 @@ class _Counter:
 
     def expr(self, e: Expr, extents: Mapping[AnySymbol, int], times: int) -> None:
         for sub in iter_exprs(e):
-            self.flops += times * _flops(sub)
+            flops = _flops(sub)
+            if flops:
+                self.flops += flops * _evaluations(sub, extents, times)
             if isinstance(sub, (Load, LoadDynamic)):
                 self.touch(sub.tnode, _cells(sub.indices, extents, dynamic=_dynamic_dim(sub)), write=False)
             elif isinstance(sub, LocalScope):
@@ -106,6 +113,17 @@ class _Counter:
     def touch(self, node: TNode, cells: int, *, write: bool) -> None:
         before, read, written = self.footprints.get(node, (0, False, False))
         self.footprints[node] = (max(before, cells), read or not write, written or write)
+
+
+def _evaluations(e: Expr, extents: Mapping[AnySymbol, int], times: int) -> int:
+    """How many values ``e`` takes while its statement runs ``times`` times in the loops
+    ``extents``: ``times`` over the extents of the loops it does not read (module docstring); all
+    ``times`` when it reads a local or a data-dependent index."""
+    subs = list(iter_exprs(e))
+    if any(isinstance(x, (GetLocal, LocalScope, LoadDynamic)) for x in subs):
+        return times
+    read = expr_symbols(e)
+    return times // math.prod(n for s, n in extents.items() if s not in read)
 
 
 def _flops(e: Expr) -> int:

@@ -45,6 +45,17 @@ def test_a_matmul_nest_does_2mnk_flops_and_touches_each_cell_once():
     assert w.bytes == 4 * (M * K + K * N + 2 * M * N)
 
 
+def test_an_operation_repeated_by_a_loop_it_does_not_read_counts_once_a_value():
+    """``c[i, j] += (0.0 + a[i, k]) * b[k, j]`` (an inlined gradient copy as a factor): the copy
+    takes M K values, which a compiled backend computes once each (a packed GEMM, as it packs),
+    so it counts M K FLOPs, the multiply and the add 2 M N K."""
+    c, a, b = nodes()
+    i, j, k = Symbol(), Symbol(), Symbol()
+    copy = Binary(Binop.ADD, Const(0.0), Load(a, (Iter(i), Iter(k))))
+    value = Binary(Binop.ADD, Load(c, (Iter(i), Iter(j))), Binary(Binop.MUL, copy, Load(b, (Iter(k), Iter(j)))))
+    assert work(loop(i, M, loop(j, N, loop(k, K, Store(c, (Iter(i), Iter(j)), value))))).flops == M * K + 2 * M * N * K
+
+
 def test_a_fixed_index_reaches_one_cell_and_a_fill_the_whole_node():
     c, a, _ = nodes()
     i = Symbol()
