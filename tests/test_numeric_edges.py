@@ -6,7 +6,8 @@ interp (vectorized and scalar), c, metal (the C++ shim) and triton (its CPU inte
 * size-0 axes: a sum over one is 0, a max -inf, a result with one has no cells;
 * ``pow`` is C99's, special values included, whether the exponent is a constant or a tensor;
 * the math-library operators stay within the stated bound of the interpreter, the correctly
-  rounded ones are bit for bit the interpreter's, and ``python -m ocannl doctor`` says so.
+  rounded ones are bit for bit the interpreter's, and ``python -m ocannl doctor`` says so;
+* C's float32 ``exp`` is its own helper, within 1 ulp of the correctly rounded result.
 """
 
 from __future__ import annotations
@@ -25,8 +26,11 @@ import ocannl as oc  # noqa: E402
 from backend_params import context  # noqa: E402
 from ocannl import train  # noqa: E402
 from ocannl.__main__ import doctor  # noqa: E402
+from ocannl.backends.c.syntax import CSyntax  # noqa: E402
+from ocannl.backends.metal.syntax import MetalSyntax  # noqa: E402
 from ocannl.errors import OutOfBoundsError  # noqa: E402
-from ocannl.lowlevel.scalar_ops import LIBM_MAX_ULPS, LIBM_OPS  # noqa: E402
+from ocannl.lowlevel import dtypes  # noqa: E402
+from ocannl.lowlevel.scalar_ops import LIBM_MAX_ULPS, LIBM_OPS, Unop  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::UserWarning")
 
@@ -305,3 +309,44 @@ def test_doctor_states_what_is_bit_identical_and_the_bound():
     for op in LIBM_OPS:
         assert op.value in line
     assert "pow" not in line.split("except", 1)[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# C's float32 exp: a helper of the project's own (ocannl_exp_f32), not the C library's expf
+
+
+def test_c_prints_its_own_float32_exp_and_metal_keeps_precise_exp():
+    c, metal = CSyntax(), MetalSyntax()
+    assert c.unary(Unop.EXP, dtypes.float32, "x") == "ocannl_exp_f32(x)"
+    assert "ocannl_exp_f32(-x)" in c.unary(Unop.SIGMOID, dtypes.float32, "x")
+    assert c.unary(Unop.EXP, dtypes.float64, "x") == "exp(x)"
+    assert "static inline float ocannl_exp_f32(float x) {" in "\n".join(c.builtins())
+    assert metal.unary(Unop.EXP, dtypes.float32, "x") == "precise::exp(x)"
+    metal.unary(Unop.ERF, dtypes.float32, "x")  # MSL's erf helper calls exp
+    assert "precise::exp(" in "\n".join(metal.builtins()) and "ocannl_exp" not in "\n".join(metal.builtins())
+
+
+EXP_EDGES = np.array([0.0, -0.0, math.inf, -math.inf, math.nan, -math.nan,
+                      88.72283, 88.72284, 89.0, 130.0, 131.0, 3.4e38,  # the largest finite result, then inf
+                      -87.33654, -87.33655, -103.27893, -103.97207, -103.97208, -104.0, -130.0, -131.0, -3.4e38,
+                      1.4e-45, -1.4e-45, 1e-30, -1e-30, 1e-7, -1e-7, 0.34657359, -0.34657359, 1.0, -1.0],
+                     dtype=np.float32)
+"""Signed zeros, infinities, NaNs, the overflow threshold (88.7228...), the smallest normal
+(-87.3365...) and subnormal (-103.972...) results, the helper's clamp (130 at either sign), arguments
+too small to move the result off 1, and the edges of the range reduction (``ln 2 / 2``)."""
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_float32_exp_is_within_the_bound_and_1_ulp_of_the_correctly_rounded_result(backend):
+    xs = np.concatenate([EXP_EDGES, probe(100_000, *DOMAINS["exp"], "float32", seed=24),
+                         np.linspace(-104, -87, 2_000, dtype=np.float32)])  # subnormal results
+    x = oc.tensor(xs)
+    (expected,) = run(oc.Context("interp"), oc.exp(x))
+    (got,) = run(context(backend), oc.exp(x))
+    with np.errstate(over="ignore"):
+        correctly_rounded = np.exp(xs.astype(np.float64)).astype(np.float32)
+    edges = slice(0, len(EXP_EDGES))
+    special = ~np.isfinite(expected[edges]) | (expected[edges] == 0) | (expected[edges] == 1)
+    assert same_bits(expected[edges][special], got[edges][special])
+    assert ulps_apart(expected, got).max() <= LIBM_MAX_ULPS
+    assert ulps_apart(correctly_rounded, got).max() <= 1

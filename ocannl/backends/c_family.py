@@ -13,7 +13,8 @@ gives only its deltas:
 * its type names, and the 64-bit unsigned type the PRNG conversions use;
 * how it spells a conversion (C's ``((T)x)``, MSL's ``T(x)``), a four-lane uint4x32 value, a
   64-bit integer constant, the most negative int32 and int64, and a function of its math
-  library (C's ``expf``/``exp``, MSL's ``precise::exp``);
+  library (C's ``logf``/``log``, MSL's ``precise::log``) or the helper printed in its place
+  (MSL's ``erf``, C's float32 ``exp``);
 * how a helper is declared (``static inline``, ``inline``) and how a large one is kept out of
   line; where the failure status lives (a host pointer, a device atomic);
 * whether it overloads functions: MSL prints one ``ocannl_max`` per type, C, which has no
@@ -52,7 +53,8 @@ MATH_FUNCTIONS = {
 }
 """Unary operators that are one call of the math library, by the library's float64 name (a
 language's :meth:`CFamilySyntax.math_function` spells it for a precision, or names the helper
-that stands in for a function its library lacks: MSL's ``erf``, :func:`_erf`)."""
+that stands in for it: MSL's ``erf``, which its library lacks, :func:`_erf`; C's float32 ``exp``,
+which vectorizes where ``expf`` does not, :func:`_exp`)."""
 
 _INFIX = {Binop.ADD: "+", Binop.SUB: "-", Binop.MUL: "*", Binop.DIV: "/"}
 
@@ -537,6 +539,71 @@ def _erf(s: CFamilySyntax, dtype: DType) -> str:
     )
 
 
+_EXP_LIMIT = 130.0
+"""Where :func:`_exp` clamps its argument, at either sign: beyond it the float32 result is already
+infinite (from 88.73) or 0 (from -103.98), and within it ``2**n`` is a normal double, whose
+exponent field the helper writes directly."""
+
+_EXP_DEGREE = 8
+"""The degree of :func:`_exp`'s Taylor polynomial: on ``|r| <= ln 2 / 2`` its remainder is below
+``2**-31`` of the result, a 128th of float32's half ulp (``2**-24``)."""
+
+
+def _estrin(coefficients: list[str], powers: list[str]) -> str:
+    """The polynomial ``c0 + c1 r + c2 r**2 + ...`` in Estrin's scheme: pairs ``c0 + c1 r`` joined
+    by ``r**2``, those pairs by ``r**4``..., ``powers`` naming ``r``, ``r**2``, ``r**4``... Its
+    dependency chain grows with the logarithm of the degree, Horner's with the degree, which
+    matters in a loop the compiler leaves scalar: the core overlaps only a few elements' chains."""
+    terms = coefficients
+    for power in powers[:(len(coefficients) - 1).bit_length()]:
+        terms = [f"({a} + {b} * {power})" if b else a for a, b in zip(terms[::2], [*terms[1::2], None])]
+    (polynomial,) = terms
+    return polynomial
+
+
+def _exp(s: CFamilySyntax, dtype: DType) -> str:
+    """C's float32 ``exp`` (``OWN_FLOAT32_FUNCTIONS`` in ocannl/backends/c/syntax.py), in place of
+    the C library's ``expf``: a call per element, which GCC cannot vectorize, where this
+    straight-line helper vectorizes (a softmax's loops). MSL has no double: the Metal backend
+    keeps ``precise::exp``.
+
+    Computed in double, rounded to float once: ``x = n ln 2 + r`` with ``n`` rounded to the nearest
+    integer by adding ``1.5 * 2**52`` (``n`` lands in the low bits, read without a conversion, so a
+    NaN stays a NaN without undefined behaviour), ``exp r`` by its Taylor polynomial
+    (:data:`_EXP_DEGREE`, :func:`_estrin`), ``2**n`` written into a double's exponent field. Its
+    error before the final rounding is far below float32's, so the result is at most 1 ulp from
+    the correctly rounded one (docs/semantics.md, "Numerics"). The clamp is a bit select, not a
+    conditional expression, which GCC keeps a branch (a float comparison may trap, by its default
+    ``-ftrapping-math``). In a loop the compiler leaves scalar it is slower than ``expf``, which
+    reads a table: at ``-O2`` GCC vectorizes only a loop whose trip count is a multiple of the
+    vector's lanes, so the C backend asks for a vector loop where it is not
+    (``cpu_schedule.NestPlan.simd``, OpenMP's ``simd``). Only IEEE operations, never contracted under the default flags
+    (``-ffp-contract=off``): the same bits on every machine, in scalar and vector code."""
+    t, wide, bits = s.compute_type(dtype), s.storage_type(dtypes.float64), s.uint64_type
+    fabs, copysign = (s.math_function(f, dtype) for f in ("fabs", "copysign"))
+    limit = s.literal(_EXP_LIMIT, dtype)
+    log2e, ln2 = s.literal(1 / math.log(2), dtypes.float64), s.literal(math.log(2), dtypes.float64)
+    taylor = [s.literal(1 / math.factorial(k), dtypes.float64) for k in range(_EXP_DEGREE + 1)]
+    powers = ["r"] + [f"r{2**k}" for k in range(1, _EXP_DEGREE.bit_length())]
+    squares = ", ".join(f"{p} = {q} * {q}" for q, p in zip(powers, powers[1:]))
+    return (
+        f"/* exp for float32, within 1 ulp of the correctly rounded result: x = n ln 2 + r, exp r by its\n"
+        f"   Taylor polynomial in double, times 2**n, rounded once. Not the C library's expf, a call per\n"
+        f"   element: this vectorizes. IEEE operations only, not contracted: the same bits everywhere. */\n"
+        f"{s.inline} {t} {helper_name('ocannl_exp', dtype, s.overloads)}({t} x) {{\n"
+        f"  x = {s.select(dtype, f'{fabs}(x) > {limit}', f'{copysign}({limit}, x)', 'x')};"
+        f"  /* still inf, or 0; NaN passes */\n"
+        f"  {wide} d = x, shifted = d * {log2e} + 0x1.8p52;  /* n = round(d / ln 2), in the low bits */\n"
+        f"  {wide} n = shifted - 0x1.8p52, r = d - n * {ln2}, {squares}, scale;\n"
+        f"  {wide} p = {_estrin(taylor, powers)};  /* Estrin's scheme */\n"
+        f"  {bits} e;\n"
+        f"  memcpy(&e, &shifted, 8);\n"
+        f"  e = (e - 0x4338000000000000u + 1023u) << 52;  /* 2**n: 0x1.8p52's bits off, n + 1023 in the exponent */\n"
+        f"  memcpy(&scale, &e, 8);\n"
+        f"  return ({t})(p * scale);\n}}"
+    )
+
+
 _HELPERS: dict[str, _Helper] = {
     "ocannl_fail": _Helper(_fail),
     "ocannl_index": _Helper(_index, requires=("ocannl_fail",)),
@@ -545,6 +612,7 @@ _HELPERS: dict[str, _Helper] = {
     "ocannl_uint4x32_pack": _Helper(_uint4x32_pack),
     "ocannl_uniform1": _Helper(_uniform1),
     "ocannl_select": _Helper(_select),
+    "ocannl_exp": _Helper(_exp),
     "ocannl_erf": _Helper(_erf),
     **{f"ocannl_{op.value}": _rule(op) for op in _RULES},
     **{f"ocannl_{op.value}": _select_rule(op, blend=False) for op in _SELECTS},

@@ -129,6 +129,11 @@ class Syntax(abc.ABC):
         """The line put before a parallel loop (``None``: the language has no such loops)."""
         return None
 
+    def simd_loop(self) -> str | None:
+        """The line put before a loop whose iterations are independent, asking the compiler for a
+        vector loop (``NestPlan.simd``; ``None``: the language has no such request)."""
+        return None
+
 
 class ContractionTarget(Protocol):
     """What a language that prints contractions by their plan gives the walk (C:
@@ -420,6 +425,9 @@ class Emitter:
         pragma = self.syntax.parallel_for(1) if plan.parallel else None
         if pragma:
             self.line(pragma)
+        simd = self.syntax.simd_loop() if plan.simd and self.parallel else None  # OpenMP's pragmas are read
+        if simd:
+            self.line(simd)
         var = self.namer.symbol(loop.symbol)
         it = self.syntax.index_type
         self.line(f"for ({it} {var} = 0; {var} < {loop.extent}; ++{var}) {{")

@@ -176,8 +176,9 @@ LIBM_OPS: frozenset[ScalarOp] = frozenset(
 """The operators whose float results are a math library's approximations, not correctly rounded
 results: the interpreter takes numpy's (its own vectorized routines on most x86-64 CPUs; for
 ``erf``, which numpy lacks, the C library's float64 one, rounded), the C backend and the Metal
-shim the C library's (Metal's ``erf``, which MSL lacks, a float polynomial of its own), so the
-two may differ in the last bits. ``sigmoid`` is here through its ``exp``. ``pow`` is not: every
+shim the C library's (except two polynomials of the project's own, ocannl/backends/c_family.py:
+C's float32 ``exp``, which vectorizes, and Metal's ``erf``, which MSL lacks), so the two may
+differ in the last bits. ``sigmoid`` is here through its ``exp``. ``pow`` is not: every
 CPU backend calls the C library's ``pow``."""
 
 LIBM_MAX_ULPS = 4

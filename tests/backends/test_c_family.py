@@ -27,7 +27,7 @@ from ocannl import testing
 from ocannl.backends.registry import get_backend
 from ocannl.backends.c import CBackend, compiler
 from ocannl.backends.c.emit import emit_c
-from ocannl.backends.c.syntax import CSyntax
+from ocannl.backends.c.syntax import OWN_FLOAT32_FUNCTIONS, CSyntax
 from ocannl.backends.c_family import _HELPERS, CFamilySyntax
 from ocannl.backends.metal import MetalBackend, emit_metal, harness
 from ocannl.backends.metal.syntax import MISSING_MATH_FUNCTIONS, MetalSyntax
@@ -54,10 +54,10 @@ HELPER_OPS = (Unop.RELU, Unop.SAT01, Unop.NOT, Unop.ABS, Binop.MAX, Binop.MIN, B
 
 def every_helper_routine(dtype: DType, n: int = 8) -> RoutineIR:
     """``out_<op>[i] := op(x[i], y[i])`` for every operator a helper prints (integers: the checked
-    ``div`` and ``mod`` too; floats: ``erf``, a helper in MSL), and ``x`` gathered at a position
-    read from ``y`` (a checked index)."""
+    ``div`` and ``mod`` too; floats: ``erf``, a helper in MSL, and ``exp``, one in C), and ``x``
+    gathered at a position read from ``y`` (a checked index)."""
     x, y = TNode("x", (n,), dtype), TNode("y", (n,), dtype)
-    ops = HELPER_OPS + ((Unop.ERF,) if dtype.is_float else (Binop.DIV, Binop.MOD))
+    ops = HELPER_OPS + ((Unop.ERF, Unop.EXP) if dtype.is_float else (Binop.DIV, Binop.MOD))
     stmts = []
     for op in ops:
         i = Symbol()
@@ -141,9 +141,10 @@ def test_a_source_defines_exactly_the_helpers_it_calls_once_before_their_use(lan
             assert calls, f"{name}: {helper} is defined and never called"
             assert min(calls) > defined_at, f"{name}: {helper} is called before it is defined"
     # MSL kernels print no register tiles, so no select of a tile's cells (``_blend``); C's library
-    # has the functions MSL's lacks.
-    stand_ins = {f"ocannl_{name}" for name in MISSING_MATH_FUNCTIONS}
-    expected = [h for h in _HELPERS if (h not in stand_ins if language == "c" else not h.endswith("_blend"))]
+    # has the functions MSL's lacks; MSL keeps its own of the functions C prints a helper for.
+    stand_ins = {"c": {f"ocannl_{name}" for name in MISSING_MATH_FUNCTIONS},
+                 "metal": {f"ocannl_{name}" for name in OWN_FLOAT32_FUNCTIONS}}[language]
+    expected = [h for h in _HELPERS if h not in stand_ins and (language == "c" or not h.endswith("_blend"))]
     missed = [h for h in expected if not any(d == h or d.startswith(f"{h}_") for d in defined)]
     assert not missed, f"no source exercised {missed}"
 
@@ -167,7 +168,7 @@ def calls_of_every_helper(syntax: CFamilySyntax, types: tuple[DType, ...]) -> tu
                   for op in HELPER_OPS]
         if dtype.is_float:
             bits = syntax.binary(Binop.THREEFRY4X32, dtypes.uint4x32, "key", "key")
-            calls.append(syntax.unary(Unop.UNIFORM1, dtype, bits))
+            calls += [syntax.unary(Unop.UNIFORM1, dtype, bits), syntax.unary(Unop.EXP, dtype, a)]
         else:
             calls += [syntax.int_division(op, dtype, a, b, 1) for op in (Binop.DIV, Binop.MOD)]
             calls.append(syntax.unary(Unop.UINT4X32_OF, dtypes.uint4x32, a))

@@ -5,9 +5,9 @@ from the plan records: nothing is printed."""
 
 from ocannl.lowlevel import cpu_schedule, dtypes
 from ocannl.lowlevel.cpu_schedule import plan_nest, plan_top_level
-from ocannl.lowlevel.indexing import Iter, Symbol
+from ocannl.lowlevel.indexing import Affine, Iter, Symbol
 from ocannl.lowlevel.ir import (
-    Binary, Comment, Const, DeclareLocal, GetLocal, Load, Local, LocalScope, SetLocal, Store, Unary, loop, seq,
+    Binary, Comment, Const, DeclareLocal, For, GetLocal, Load, Local, LocalScope, SetLocal, Store, Unary, loop, seq,
 )
 from ocannl.lowlevel.scalar_ops import Binop, Unop
 from ocannl.lowlevel.tnode import TNode
@@ -64,3 +64,19 @@ def test_a_target_without_tiles_plans_contractions_as_their_loops():
     nest = _dense_relu(64, 64, 64)
     assert plan_nest(nest, None, threads=False).contraction is not None
     assert plan_nest(nest, None, threads=False, tiles=False).contraction is None
+
+
+def test_an_innermost_loop_of_independent_iterations_with_a_remainder_asks_for_a_vector_loop():
+    """``y[i, j] := exp(x[i, j])`` over 54 columns: GCC's -O2 leaves a loop whose trip count is not
+    a whole number of vectors scalar, so the inner loop asks for a vector loop (``simd``); over 64
+    columns it needs not, nor does a loop whose iterations read each other's cells."""
+    def inner(columns: int, shifted: bool = False) -> For:
+        x, y = TNode("x", (8, columns)), TNode("y", (8, columns + 1))
+        i, j = Symbol(), Symbol()
+        read = Load(y, (Iter(i), Affine(((1, j),), 1))) if shifted else Load(x, (Iter(i), Iter(j)))
+        return loop(j, columns, Store(y, (Iter(i), Iter(j)), Unary(Unop.EXP, read)))
+
+    assert plan_nest(inner(54), 64, threads=False).simd
+    assert not plan_nest(inner(64), 64, threads=False).simd
+    assert not plan_nest(inner(54, shifted=True), 64, threads=False).simd, "y[i, j] reads y[i, j + 1]"
+    assert not plan_nest(inner(54), None, threads=False).simd, "no vector registers"

@@ -73,7 +73,7 @@ class CExecutable:
         self._sizes = [n.size * n.dtype.lanes for n in source.nodes]
         # A routine without a parallel region (the moons step) runs on the calling thread alone:
         # it pays nothing for the thread count.
-        self._set_threads = _thread_count_setter(shared) if "#pragma omp" in source.text else None
+        self._set_threads = _thread_count_setter(shared) if "#pragma omp parallel" in source.text else None
         self._prepared: Callable[[Mapping[IndexSymbol, int]], None] | None = None
         self.profiling = source.profile_entry is not None
         """A profiling build (ocannl/backends/profile.py): :meth:`take_profile` reads its counters."""

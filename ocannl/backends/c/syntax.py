@@ -5,7 +5,8 @@ Every operator prints so that the compiled code computes the interpreter's bits
 compiler runs with ``-ffp-contract=off``, so no fused multiply-add appears that the IR did not
 ask for), except signed integer arithmetic, computed in unsigned types so that it wraps around
 without relying on ``-fwrapv`` (``CFamilySyntax._wrapping``). The transcendental functions are the
-C library's ``expf``, ``logf``...: they agree with the interpreter (numpy) to within
+C library's ``logf``, ``sinf``..., except float32 ``exp``, a helper of the project's own that
+vectorizes (:data:`OWN_FLOAT32_FUNCTIONS`): they agree with the interpreter (numpy) to within
 ``scalar_ops.LIBM_MAX_ULPS`` ulps, not always bit for bit; ``pow`` is the C library's
 ``powf``/``pow`` as in the interpreter, bit for bit (docs/semantics.md, "Numerics").
 
@@ -38,6 +39,12 @@ _TYPES = {
     dtypes.uint32: "uint32_t",
     dtypes.uint4x32: "uint4x32_t",
 }
+
+OWN_FLOAT32_FUNCTIONS = frozenset({"exp"})
+"""Math functions whose float32 form C prints as a helper of its own, ``ocannl_<name>_f32``
+(ocannl/backends/c_family.py), in place of the C library's: ``expf`` is a call per element, which
+keeps GCC from vectorizing a softmax's loop, where ``ocannl_exp_f32`` vectorizes (computed in
+double, within 1 ulp of the correctly rounded result)."""
 
 _STORAGE_CONVERSIONS = {
     dtypes.float16: ("ocannl_half", "ocannl_f16_to_f32", "ocannl_f32_to_f16"),
@@ -91,7 +98,10 @@ class CSyntax(CFamilySyntax):
         return f"(({self.storage_type(dtypes.uint4x32)}){{{{{', '.join(lanes)}}}}})"
 
     def math_function(self, name: str, dtype: DType) -> str:
-        """libm's name for ``dtype``: ``expf`` for float32, ``exp`` for float64."""
+        """libm's name for ``dtype`` (``logf`` for float32, ``log`` for float64), or the helper of
+        one of :data:`OWN_FLOAT32_FUNCTIONS`."""
+        if dtype is dtypes.float32 and name in OWN_FLOAT32_FUNCTIONS:
+            return self.helper(f"ocannl_{name}", dtype)
         return f"{name}f" if dtype is dtypes.float32 else name
 
     def from_storage(self, dtype: DType, cell: str) -> str:
@@ -123,6 +133,9 @@ class CSyntax(CFamilySyntax):
 
     def parallel_for(self, collapse: int) -> str | None:
         return "#pragma omp parallel for" + (f" collapse({collapse})" if collapse > 1 else "")
+
+    def simd_loop(self) -> str | None:
+        return "#pragma omp simd"
 
     def definitions(self) -> list[str]:
         return [code for name, code in _DEFINITIONS.items() if name in self._defined]
