@@ -182,6 +182,11 @@ def index_range(idx: AxisIndex, loop_ranges: Mapping[AnySymbol, tuple[int, int]]
 def provably_within(idx: AxisIndex, dim: int, extents: Mapping[AnySymbol, int]) -> bool:
     """Whether ``idx`` stays in ``[0, dim)`` whenever each loop iterator ``s`` in ``extents``
     ranges over ``[0, extents[s])`` (see :func:`index_range`; an unknown range gives ``False``)."""
+    if isinstance(idx, Fixed):  # the printers ask it of every access: the common indices answered first
+        return 0 <= idx.index < dim
+    if isinstance(idx, Iter) and not isinstance(idx.symbol, IndexSymbol):
+        extent = extents.get(idx.symbol)
+        return extent is not None and extent - 1 < dim
     ranges = {s: (0, extents[s] - 1) for s in index_symbols(idx) if s in extents}
     return range_within(index_range(idx, ranges), dim)
 

@@ -346,12 +346,13 @@ def loop(symbol: Symbol, extent: int, body: Stmt) -> For:
     """A loop, ``PARALLEL`` when its iterations write disjoint cells: every store in ``body``
     indexes some axis by the bare loop index, and the body sets no local declared outside it.
     Otherwise ``REDUCTION``."""
-    stores = [s for s in iter_stmts(body) if isinstance(s, (Store, StoreDynamic))]
-    declared = {s.local for s in iter_stmts(body) if isinstance(s, DeclareLocal)}
+    stmts = list(iter_stmts(body))  # walked once: lowering wraps each loop of a nest around the inner ones
+    stores = [s for s in stmts if isinstance(s, (Store, StoreDynamic))]
+    declared = {s.local for s in stmts if isinstance(s, DeclareLocal)}
     parallel = (
         bool(stores)
         and all(Iter(symbol) in s.indices for s in stores)
-        and all(s.local in declared for s in iter_stmts(body) if isinstance(s, SetLocal))
+        and all(s.local in declared for s in stmts if isinstance(s, SetLocal))
     )
     return For(symbol, extent, body, LoopKind.PARALLEL if parallel else LoopKind.REDUCTION)
 
@@ -371,8 +372,30 @@ def iter_stmts(stmt: Stmt) -> Iterator[Stmt]:
             case Seq(stmts=stmts):
                 stack.extend(reversed(stmts))
             case _:
-                bodies = [sub.body for e in stmt_exprs(s) for sub in iter_exprs(e) if isinstance(sub, LocalScope)]
-                stack.extend(reversed(bodies))
+                stack.extend(reversed(_scope_bodies(s)))
+
+
+def _scope_bodies(stmt: Stmt) -> list[Stmt]:
+    """The bodies of the local scopes in the expressions of ``stmt`` (not of those nested in a
+    scope's body), in the order of :func:`iter_exprs`. :func:`iter_stmts` asks it of every
+    statement, and most have no scope: a loop over the operands, without a generator, costs a
+    third of walking them with :func:`iter_exprs`."""
+    bodies = []
+    stack = list(reversed(stmt_exprs(stmt)))
+    while stack:
+        x = stack.pop()
+        kind = type(x)
+        if kind is Binary:
+            stack += (x.b, x.a)
+        elif kind is Unary or kind is Cast:
+            stack.append(x.x)
+        elif kind is LocalScope:
+            bodies.append(x.body)
+        elif kind is Ternary:
+            stack += (x.c, x.b, x.a)
+        elif kind is LoadDynamic:
+            stack.append(x.position)
+    return bodies
 
 
 def stmt_exprs(stmt: Stmt) -> tuple[Expr, ...]:

@@ -53,6 +53,7 @@ After a routine that inlined a node runs, ``ctx.get`` of that node raises an err
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any, Collection, Iterable, Iterator
@@ -1008,8 +1009,15 @@ class _Keyer:
             case DType() | TNode() | IndexSymbol():
                 return x
         if is_dataclass(x) and not isinstance(x, type):
-            return number((type(x).__name__,) + tuple(self.key(getattr(x, f.name)) for f in fields(x)))
+            return number((type(x).__name__,) + tuple(self.key(getattr(x, name)) for name in _field_names(type(x))))
         return x
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    """The names of the fields of the dataclass ``cls``: :func:`dataclasses.fields` builds them
+    anew at every call, and CSE keys every sub-expression of a routine."""
+    return tuple(f.name for f in fields(cls))
 
 
 class _ReplaceByKey(Rewriter):

@@ -61,7 +61,7 @@ import bisect
 from dataclasses import replace
 
 from ocannl.lowlevel import dtypes
-from ocannl.lowlevel.analysis import accesses, all_exprs, all_stmts, loop_chain, substitute_index
+from ocannl.lowlevel.analysis import accesses, all_exprs, all_stmts, loop_chain, nodes_written, substitute_index
 from ocannl.lowlevel.indexing import Affine, AxisIndex, Fixed, Iter, Symbol
 from ocannl.lowlevel.ir import (
     Binary, Cast, Expr, Fill, For, GetLocal, Load, LoadDynamic, Local, LocalScope, RoutineIR, Seq,
@@ -265,6 +265,9 @@ def _fused(first: Stmt, update: Stmt) -> Stmt | None:
     Running each cell's update right after its computation is the same computation: the first
     nest's other iterations neither read nor write that cell, and the update touches nothing
     else the first nest reads or writes."""
+    update_chain, update_body = loop_chain(update)
+    if not (isinstance(update_body, Store) and update_body.tnode in nodes_written(first) and not update_body.skip_oob):
+        return None  # most pairs of statements: asked first, since it costs less than tracing ``first``
     chain, body = loop_chain(first)
     cells = {(a.node, a.indices) for a in accesses(body, fills=True) if a.write}
     if len(cells) != 1 or any(isinstance(s, (Fill, StoreDynamic)) or (isinstance(s, Store) and s.skip_oob)
@@ -277,8 +280,7 @@ def _fused(first: Stmt, update: Stmt) -> Stmt | None:
         return None
     if any(a.node is node and a.indices != cell for a in accesses(body)):
         return None  # some iteration reads a cell another one computes
-    update_chain, update_body = loop_chain(update)
-    if not (isinstance(update_body, Store) and update_body.tnode is node and not update_body.skip_oob):
+    if update_body.tnode is not node:
         return None
     updated = _owning_loops(update_body, update_chain)
     if updated is None or len(updated) != len(update_chain) or len(update_chain) != len(chain):

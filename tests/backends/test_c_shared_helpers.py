@@ -56,6 +56,25 @@ def test_nests_that_compute_differently_keep_their_functions():
     assert share_identical_helpers(functions, body) == (functions, body)
 
 
+def test_a_number_after_a_name_ending_in_status_is_no_check_number():
+    """Check numbers are the argument after the status cell ``_status``; the same text after a
+    longer name (a buffer ``grad_status``) is a number the helper computes with, so helpers that
+    differ there stay apart, while helpers that differ only in their check numbers are one."""
+
+    def helper(name: str, line: str) -> list[str]:
+        return [f"static OCANNL_NEST_FN void {name}(", "    float *restrict grad_status,", "    int *_status) {",
+                line, "}"]
+
+    def calls(*names: str) -> list[str]:
+        return [f"  {n}(g{k}, _status);" for k, n in enumerate(names)]
+
+    constants = [helper("f_nest0", "  scale(grad_status, 3);"), helper("f_nest1", "  scale(grad_status, 4);")]
+    assert share_identical_helpers(constants, calls("f_nest0", "f_nest1")) == (constants, calls("f_nest0", "f_nest1"))
+    checks = [helper("f_nest0", "  ocannl_fail(_status, 3);"), helper("f_nest1", "  ocannl_fail(_status, 4);")]
+    functions, body = share_identical_helpers(checks, calls("f_nest0", "f_nest1"))
+    assert len(functions) == 1 and body == ["  f_nest0(g0, 3, _status);", "  f_nest0(g1, 4, _status);"]
+
+
 @needs_cc
 def test_a_shared_function_reports_the_check_of_its_caller():
     ctx = oc.Context("c")

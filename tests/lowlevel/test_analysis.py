@@ -85,6 +85,20 @@ def test_provably_within_uses_extents_and_symbol_sizes():
     assert an.provably_within(Iter(i), 1, {i: 0})
 
 
+def test_provably_within_answers_as_the_index_range_does():
+    """Its quick answers for a fixed index and a bare loop index (the printers ask it of every
+    access) agree with the interval of :func:`index_range`."""
+    i, j, unknown = Symbol(), Symbol(), Symbol()
+    for extent in range(-1, 6):
+        extents = {i: extent, j: 3}
+        ranges = {s: (0, e - 1) for s, e in extents.items()}
+        sized = [Iter(IndexSymbol("b", extent))] if extent > 0 else []
+        for idx in [Fixed(k) for k in range(-2, 7)] + [Iter(i), Iter(unknown)] + sized:
+            for dim in range(0, 7):
+                expected = an.range_within(an.index_range(idx, ranges), dim)
+                assert an.provably_within(idx, dim, extents) is expected, (idx, extent, dim)
+
+
 def test_index_range_over_closed_intervals():
     i = Symbol()
     assert an.index_range(Affine(((3, i),), 1), {i: (2, 5)}) == (7, 16)

@@ -6,7 +6,8 @@ from ocannl.lowlevel.dtypes import DTypeError
 from ocannl.lowlevel.indexing import Affine, Fixed, IndexSymbol, Iter, Symbol
 from ocannl.lowlevel.ir import (
     Binary, Cast, Comment, Const, DeclareLocal, EmbedIndex, Fill, GetLocal, Load, LoadDynamic, Local, LocalScope,
-    LoopKind, RoutineIR, Seq, SetLocal, Store, StoreDynamic, Ternary, Unary, format_routine, loop, seq,
+    LoopKind, RoutineIR, Seq, SetLocal, Store, StoreDynamic, Ternary, Unary, format_routine, iter_exprs, iter_stmts,
+    loop, seq, stmt_exprs,
 )
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
 from ocannl.lowlevel.tnode import TNode
@@ -48,6 +49,49 @@ def test_loop_kinds():
     local = Local(dtypes.float32)
     assert loop(s, 3, SetLocal(local, Const(1.0))).kind is LoopKind.REDUCTION
     assert loop(s, 3, Store(x, (), Const(1.0))).kind is LoopKind.REDUCTION
+
+
+def test_loop_walks_its_body_once(monkeypatch):
+    """Lowering wraps each loop of a nest around the inner ones: a loop that walked its body once
+    per question it asks of it would cost each nest several walks per level."""
+    from ocannl.lowlevel import ir
+
+    walks = []
+    original = ir.iter_stmts
+    monkeypatch.setattr(ir, "iter_stmts", lambda stmt: walks.append(stmt) or original(stmt))
+    local, s, x = Local(dtypes.float32), Symbol(), TNode("x", (3,))
+    body = seq(DeclareLocal(local), SetLocal(local, Const(1.0)), Store(x, (Iter(s),), GetLocal(local)))
+    assert loop(s, 3, body).kind is LoopKind.PARALLEL
+    assert walks == [body]
+
+
+def test_iter_stmts_enters_the_local_scopes_of_every_operand_in_order():
+    """The statements of local scopes come right after the statement whose expressions hold
+    them, in the order :func:`iter_exprs` visits the scopes: first operand first, then the
+    position of a dynamic access, then the value."""
+    x, y = TNode("x", (4,)), TNode("y", (4,))
+    marks = iter(range(100))
+
+    def scope() -> LocalScope:
+        v = Local(dtypes.float32)
+        return LocalScope(v, SetLocal(v, Const(float(next(marks)))))
+
+    def position() -> Cast:
+        return Cast(scope(), dtypes.int32)
+
+    body = seq(  # the scopes numbered in the order the walk must visit them
+        StoreDynamic(y, 0, position(), (), Binary(Binop.MUL, scope(), LoadDynamic(x, 0, position(), ()))),
+        Store(y, (Fixed(1),), Ternary(Ternop.WHERE, scope(), Unary(Unop.NEG, scope()),
+                                      Binary(Binop.ADD, scope(), Load(x, (Fixed(0),))))),
+        Fill(x, scope()),
+    )
+    stmts = list(iter_stmts(body))
+    assert [s.value.value for s in stmts if isinstance(s, SetLocal)] == [float(k) for k in range(7)]
+    expected = [body]
+    for s in body.stmts:
+        expected.append(s)
+        expected += [e.body for v in stmt_exprs(s) for e in iter_exprs(v) if isinstance(e, LocalScope)]
+    assert stmts == expected
 
 
 def test_routine_collects_symbols_and_nodes():

@@ -30,8 +30,10 @@ _IDENTIFIER = re.compile(r"([A-Za-z_]\w*)")
 _NUMBERED = re.compile(r"_?[iv]\d+\Z")
 """The names :class:`~ocannl.lowlevel.ir.Namer` gives loop indices and locals (``_i<k>``: the
 loop over the tiles of ``i<k>``, ``tile_printer.py``)."""
-_SITE = re.compile(r"\b_status, (\d+)\b")
-"""A check's number, the argument after the status cell (``ocannl_fail(_status, 3)``)."""
+_SITE = re.compile(r"_status, (\d+)\b")
+"""A check's number, the argument after the status cell (``ocannl_fail(_status, 3)``), where
+:func:`_is_site` says the match is not the end of a longer name. (A leading ``\b`` would say it,
+but would cost re its scan for the literal ``_status``: every helper's text is searched.)"""
 _COMMENT = re.compile(r"/\*.*?\*/", re.DOTALL)
 _CALL = re.compile(r"(\s*)(\w+)\((.*)\);\Z")
 
@@ -66,8 +68,15 @@ def _parse(lines: list[str], helpers: dict[str, _Helper], family: dict[str, int]
     params = tuple(_IDENTIFIER.findall(line)[-1] for line in lines[1 : end + 1])
     body = [_canonical_call(line, helpers, family) for line in lines[end + 1 :]]
     text = _COMMENT.sub("", "\n".join(body))  # a comment may quote the loop IR's names
-    sites = tuple(dict.fromkeys(int(n) for n in _SITE.findall(text)))
-    text = _SITE.sub(lambda m: f"_status, @s{sites.index(int(m.group(1)))}", text)
+    renumbered: dict[int, int] = {}  # a check's number -> its number in the key, by first appearance
+
+    def renumber(m: re.Match) -> str:
+        if not _is_site(m):
+            return m.group(0)
+        return f"_status, @s{renumbered.setdefault(int(m.group(1)), len(renumbered))}"
+
+    text = _SITE.sub(renumber, text)
+    sites = tuple(renumbered)
     pieces = _IDENTIFIER.split(text)  # what is between the names, then a name, and so on
     names = pieces[1::2]
     own, order = set(params), {}
@@ -79,6 +88,12 @@ def _parse(lines: list[str], helpers: dict[str, _Helper], family: dict[str, int]
     key = "\n".join([lines[0][: match.start(1)], *signature, "$".join(pieces[0::2]),
                      " ".join([order.get(n, n) for n in names])])
     return _Helper(lines, match.group(1), params, sites, key, {p: int(order[p][1:]) for p in params})
+
+
+def _is_site(m: re.Match) -> bool:
+    """Whether a match of :data:`_SITE` is a check's number: ``_status`` is a whole name."""
+    before = m.string[m.start() - 1 : m.start()]
+    return not (before.isalnum() or before == "_")
 
 
 def _canonical_call(line: str, helpers: dict[str, _Helper], family: dict[str, int]) -> str:
@@ -136,7 +151,7 @@ def _with_site_params(helper: _Helper) -> list[str]:
     end = 1 + len(helper.params)
     def site(m: re.Match) -> str:  # a number quoted in a comment stays
         n = int(m.group(1))
-        return f"_status, _site{helper.sites.index(n)}" if n in helper.sites else m.group(0)
+        return f"_status, _site{helper.sites.index(n)}" if _is_site(m) and n in helper.sites else m.group(0)
 
     body = [_SITE.sub(site, line) for line in helper.lines[end:]]
     params = [f"    int _site{k}," for k in range(len(helper.sites))]
