@@ -45,7 +45,19 @@ def test_a_core_another_process_keeps_busy_is_left_to_it(tmp_path, monkeypatch):
 def test_omp_num_threads_bounds_the_count(tmp_path, monkeypatch):
     free = cores(tmp_path, monkeypatch, limit="1")
     assert free.limit == free.count == 1
-    assert free.decide((0.0, 0.0, 0.0), (1.0, 0.0, 0.0)) == 1
+    free.free = free.decide((0.0, 0.0, 0.0), (1.0, 0.0, 0.0))
+    assert free.free == 2 and free.count == 1
+
+
+def test_a_count_another_library_sets_in_the_process_bounds_it(tmp_path, monkeypatch):
+    """``threadpoolctl.threadpool_limits(1)`` calls ``omp_set_num_threads(1)``: OpenMP then holds
+    a count other than the one set for the last run, which becomes the limit; leaving the limits
+    restores the count seen on entry, and the limit with it."""
+    free = cores(tmp_path, monkeypatch)
+    assert free.for_run(current=2) == 2
+    assert free.for_run(current=1) == 1, "someone set 1 since the last run"
+    assert free.for_run(current=1) == 1, "1 is what was set for the last run: the limit stays"
+    assert free.for_run(current=2) == 2, "the 2 restored on leaving the limits"
 
 
 def test_busy_ticks_of_the_process_cores_are_read(tmp_path, monkeypatch):
@@ -73,7 +85,7 @@ def test_a_routine_runs_on_the_free_cores_with_the_same_bits(monkeypatch):
     run on threads (a packed GEMM) keeps its bits."""
     monkeypatch.delenv("OMP_DYNAMIC", raising=False)
     counts = iter([1, 2])
-    monkeypatch.setattr(threads.free_cores(), "threads", lambda: next(counts))
+    monkeypatch.setattr(threads.free_cores(), "for_run", lambda current: next(counts))
     rng = np.random.default_rng(3)
     a, b = rng.standard_normal((300, 200)).astype(np.float32), rng.standard_normal((200, 300)).astype(np.float32)
     y = oc.tensor(a, input=1) @ oc.tensor(b, input=1)
@@ -87,3 +99,24 @@ def test_a_routine_runs_on_the_free_cores_with_the_same_bits(monkeypatch):
     assert np.array_equal(results[0].view(np.uint32), results[1].view(np.uint32))
     if compiler.toolchain().openmp:
         assert next(counts, None) is None  # each run asked the sampler for its count
+
+
+def test_a_count_set_by_the_caller_holds_for_the_next_runs(monkeypatch):
+    """A caller limiting OpenMP in the process (``threadpoolctl``'s ``threadpool_limits(1)`` calls
+    ``omp_set_num_threads(1)``) is not overridden by the next run's count."""
+    monkeypatch.delenv("OMP_DYNAMIC", raising=False)
+    if not compiler.toolchain().openmp:
+        pytest.skip("the C compiler here has no OpenMP")
+    monkeypatch.setattr(threads, "_free_cores", None)  # a sampler of this test's own, its limit too
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((300, 200)).astype(np.float32), rng.standard_normal((200, 300)).astype(np.float32)
+    forward = oc.Context("c").compile(oc.tensor(a, input=1) @ oc.tensor(b, input=1))
+    get_threads, set_threads = forward._executable._set_threads
+    forward.run()
+    before = get_threads()
+    set_threads(1)  # what threadpool_limits(1) does
+    forward.run()
+    assert get_threads() == 1
+    set_threads(before)  # and what it does on leaving
+    forward.run()
+    assert get_threads() == min(before, threads.free_cores().free)

@@ -154,10 +154,10 @@ class CExecutable:
         ``entry`` itself where the library runs no threads or the count is fixed."""
         if self._set_threads is None:
             return entry
-        set_threads, threads = self._set_threads, free_cores().threads
+        (get_threads, set_threads), for_run = self._set_threads, free_cores().for_run
 
         def on_free_cores(*args) -> int:
-            set_threads(threads())
+            set_threads(for_run(get_threads()))
             return entry(*args)
 
         return on_free_cores
@@ -174,13 +174,15 @@ class CExecutable:
         return args
 
 
-def _thread_count_setter(shared: SharedLibrary) -> Callable[[int], None] | None:
-    """OpenMP's ``omp_set_num_threads``, found through the library's dependencies, when the
-    library was built with OpenMP and the count follows the free cores (``threads.adapts``)."""
+def _thread_count_setter(shared: SharedLibrary) -> tuple[Callable[[], int], Callable[[int], None]] | None:
+    """OpenMP's ``omp_get_max_threads`` and ``omp_set_num_threads``, found through the library's
+    dependencies, when the library was built with OpenMP and the count follows the free cores
+    (``threads.adapts``)."""
     if not adapts():
         return None
     try:
-        return shared.function("omp_set_num_threads", None, [ctypes.c_int])
+        return (shared.function("omp_get_max_threads", ctypes.c_int, []),
+                shared.function("omp_set_num_threads", None, [ctypes.c_int]))
     except CompileError:
         return None
 

@@ -8,7 +8,10 @@ before each run the thread count is set (``omp_set_num_threads``) to the cores o
 affinity that other processes leave free, at most ``OMP_NUM_THREADS`` when that is set. What the
 others use is sampled at most every :data:`SAMPLE_SECONDS`: the busy time of those cores in
 ``/proc/stat`` less this process's own CPU time, over the wall time between two samples; a core
-counts as taken when others use half of it or more. The results never depend on the count (a
+counts as taken when others use half of it or more. A count set in this process by another
+library meanwhile (``omp_set_num_threads``, as ``threadpoolctl``'s limits call it) bounds it
+from then on, as ``OMP_NUM_THREADS`` does: before each run the count OpenMP holds is compared with
+the one set last. The results never depend on the count (a
 parallel loop's iterations write disjoint cells, a packed GEMM's units are whole cells,
 docs/codegen.md). ``OMP_DYNAMIC=false`` keeps OpenMP's own fixed count; where ``/proc/stat``
 cannot be read the count is the affinity's (or ``OMP_NUM_THREADS``), as OpenMP would choose.
@@ -49,15 +52,37 @@ def adapts() -> bool:
 
 
 class FreeCores:
-    """The thread count for the next run (:meth:`threads`), from samples of ``/proc/stat``."""
+    """The thread count for the next run (:meth:`for_run`, :meth:`threads`), from samples of
+    ``/proc/stat``: the cores others leave free, at most :attr:`limit`."""
 
     def __init__(self, stat_path: str = "/proc/stat"):
         self.stat_path = stat_path
         self.cores = usable_cores()
         self.limit = _thread_limit(len(self.cores))
-        self.count = min(self.limit, len(self.cores))
+        """``OMP_NUM_THREADS``, or the count set in this process by another library (:meth:`for_run`)."""
+        self.free = len(self.cores)
+        """The cores the last decision left to this process (:meth:`decide`)."""
         self._sample: tuple[float, float, float] | None = self._read()
         self._lock = threading.Lock()
+        self._set: int | None = None
+        """The count last set for a run (:meth:`for_run`)."""
+
+    @property
+    def count(self) -> int:
+        """The count the last decision gives: the free cores, at most :attr:`limit`."""
+        return min(self.free, self.limit)
+
+    def for_run(self, current: int) -> int:
+        """The count to set for a run starting now, OpenMP holding ``current``: a count that
+        differs from the one set last was set by someone else in this process since, and becomes
+        the limit (``threadpoolctl``'s limit, and the count it restores on leaving)."""
+        with self._lock:
+            if self._set is not None and current != self._set and current > 0:
+                self.limit = current
+        count = self.threads()
+        with self._lock:
+            self._set = count
+        return count
 
     def threads(self) -> int:
         """The count for a run starting now: the last decision, renewed once its window ends."""
@@ -66,18 +91,17 @@ class FreeCores:
             return self.count
         with self._lock:
             now = self._read()
-            if now is None or now[0] - self._sample[0] < SAMPLE_SECONDS:
-                return self.count
-            self.count = self.decide(self._sample, now)
-            self._sample = now
+            if now is not None and now[0] - self._sample[0] >= SAMPLE_SECONDS:
+                self.free = self.decide(self._sample, now)
+                self._sample = now
         return self.count
 
     def decide(self, before: tuple[float, float, float], after: tuple[float, float, float]) -> int:
-        """The count from two samples ``(wall seconds, busy seconds of our cores, our CPU seconds)``."""
+        """The free cores from two samples ``(wall seconds, busy seconds of our cores, our CPU
+        seconds)``: at least one."""
         wall = after[0] - before[0]
         others = max(0.0, (after[1] - before[1]) - (after[2] - before[2])) / wall
-        free = len(self.cores) - int(others + 0.5)
-        return max(1, min(self.limit, free))
+        return max(1, len(self.cores) - int(others + 0.5))
 
     def _read(self) -> tuple[float, float, float] | None:
         """``(now, busy seconds of this process's cores, this process's CPU seconds)``, or
