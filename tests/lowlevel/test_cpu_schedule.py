@@ -7,7 +7,8 @@ from ocannl.lowlevel import cpu_schedule, dtypes
 from ocannl.lowlevel.cpu_schedule import plan_nest, plan_top_level
 from ocannl.lowlevel.indexing import Affine, Iter, Symbol
 from ocannl.lowlevel.ir import (
-    Binary, Comment, Const, DeclareLocal, For, GetLocal, Load, Local, LocalScope, SetLocal, Store, Unary, loop, seq,
+    Binary, Comment, Const, DeclareLocal, For, GetLocal, Load, Local, LocalScope, SetLocal, Store, Unary, iter_stmts,
+    loop, seq,
 )
 from ocannl.lowlevel.scalar_ops import Binop, Unop
 from ocannl.lowlevel.tnode import TNode
@@ -58,6 +59,19 @@ def test_a_product_inlined_into_its_consumer_splits_where_it_runs_as_a_packed_ge
     tiled = plan_top_level(nest, None, threads=True)
     assert tiled.kind == "inline", "without packed GEMMs: register tiles with the consumer inside"
     assert tiled.nest.contraction is not None and tiled.nest.contraction.gemm is None
+
+
+def test_a_product_too_small_for_tiles_splits_from_its_consumer():
+    """10 x 16 cells of 16 terms (the moons demo's layers) get no register tiles: inlined, each
+    cell's sum would run in a local that the C compiler leaves scalar, so the product gets a nest
+    of its own (plain loops), then relu over its result."""
+    nest = _dense_relu(10, 16, 16)
+    assert plan_nest(nest, 32, threads=True).contraction is None
+    plan = plan_top_level(nest, 32, threads=True)
+    assert plan.kind == "split"
+    product, consumer = plan.parts
+    assert product.nest.contraction is None and consumer.nest.contraction is None
+    assert [type(s).__name__ for s in iter_stmts(product.stmt) if isinstance(s, (Store, SetLocal))] == ["Store", "Store"]
 
 
 def test_a_target_without_tiles_plans_contractions_as_their_loops():
