@@ -969,10 +969,11 @@ def tile_lanes(plan: ContractionPlan, nr: int, blocks: Stmt | None, vector_bytes
     return lanes
 
 
-def vector_factors(term: Expr, row: Symbol | None, col: Symbol) -> tuple[Expr | None, Load, Load, bool, float] | None:
+def vector_factors(term: Expr, row: Symbol | None, col: Symbol) -> tuple[Expr | None, Expr, Expr, bool, float] | None:
     """``(test, x, y, x_first, other)`` of a term ``x * y`` (``x_first``) or ``y * x``, or
     ``where(test, that, other)`` for a constant ``other``, where ``x`` and ``test`` read no
-    column and ``y`` no row: float32 loads, a test free of locals. ``None`` otherwise."""
+    column and ``y`` no row: float32 loads, or functions of one load each (an inlined gradient's
+    copy ``0.0 + g``, :func:`_factor_load`), a test free of locals. ``None`` otherwise."""
     test, other = None, 0.0
     if isinstance(term, Ternary) and term.op is Ternop.WHERE and isinstance(term.c, Const):
         test, other, term = term.a, term.c.value, term.b
@@ -983,7 +984,8 @@ def vector_factors(term: Expr, row: Symbol | None, col: Symbol) -> tuple[Expr | 
     if not (isinstance(term, Binary) and term.op is Binop.MUL and term.dtype is dtypes.float32):
         return None
     for x, y, x_first in ((term.a, term.b, True), (term.b, term.a, False)):
-        if not all(isinstance(f, Load) and f.tnode.dtype is dtypes.float32 for f in (x, y)):
+        if not all(f.dtype is dtypes.float32 and (_factor_load(f) or f).dtype is dtypes.float32
+                   and _factor_load(f) is not None for f in (x, y)):
             return None
         if col not in expr_symbols(x) and col in expr_symbols(y) and (row is None or row not in expr_symbols(y)):
             return test, x, y, x_first, other

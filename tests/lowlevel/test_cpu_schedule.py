@@ -94,3 +94,16 @@ def test_an_innermost_loop_of_independent_iterations_with_a_remainder_asks_for_a
     assert not plan_nest(inner(64), 64, threads=False).simd
     assert not plan_nest(inner(54, shifted=True), 64, threads=False).simd, "y[i, j] reads y[i, j + 1]"
     assert not plan_nest(inner(54), None, threads=False).simd, "no vector registers"
+
+
+def test_a_vector_tile_takes_a_factor_computed_from_one_load():
+    """``w.grad[c, k] += x[b, k] * (0.0 + g[b, c])`` (a convolution's kernel gradient reading an
+    inlined gradient copy): the copy is the column factor, built lane by lane; a factor of two
+    loads is not one."""
+    x, g = TNode("x", (64, 9)), TNode("g", (64, 8))
+    b, c, k = Symbol(), Symbol(), Symbol()
+    copy = Binary(Binop.ADD, Const(0.0, dtypes.float32), Load(g, (Iter(b), Iter(c))))
+    term = Binary(Binop.MUL, Load(x, (Iter(b), Iter(k))), copy)
+    assert cpu_schedule.vector_factors(term, k, c) == (None, term.a, copy, True, 0.0)
+    two = Binary(Binop.MUL, Load(x, (Iter(b), Iter(k))), Binary(Binop.ADD, Load(g, (Iter(b), Iter(c))), copy))
+    assert cpu_schedule.vector_factors(two, k, c) is None

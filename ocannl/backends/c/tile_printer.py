@@ -374,11 +374,13 @@ class TilePrinter:
                     value = f"({condition} ? {value} : ({vector}){{{', '.join([k] * lanes)}}})"
                 e.line(f"{acc(r, v)} = {acc(r, v)} + {value};")
 
-    def _vector_load(self, y: Load, col: Symbol, q0: int, lanes: int, cell_env: CellEnv) -> str:
+    def _vector_load(self, y: Expr, col: Symbol, q0: int, lanes: int, cell_env: CellEnv) -> str:
         """The vector of ``y`` at the columns ``q0 ..< q0 + lanes`` of the tile: one load where
-        the columns are adjacent in memory and no bounds test depends on them, else the lanes
-        one by one."""
+        ``y`` is a load, the columns are adjacent in memory and no bounds test depends on them,
+        else the lanes one by one."""
         e = self.e
+        if not isinstance(y, Load):
+            return self._lanes(y, q0, lanes, cell_env)
         strides = row_major_strides(y.tnode.dims)
         col_stride = sum(stride * c for idx, stride in zip(y.indices, strides)
                          for c, s in affine_form(idx)[0] if s is col)
@@ -394,8 +396,12 @@ class TilePrinter:
                 outside = e.syntax.literal(y.oob_value, dtypes.float32)
                 load = f"(({conditions}) ? {load} : ({vector}){{{', '.join([outside] * lanes)}}})"
             return load
-        values = []
+        return self._lanes(y, q0, lanes, cell_env)
+
+    def _lanes(self, y: Expr, q0: int, lanes: int, cell_env: CellEnv) -> str:
+        """The vector of ``y`` at the columns ``q0 ..< q0 + lanes``, built lane by lane."""
+        e, values = self.e, []
         for lane in range(lanes):
             with e.symbol_texts(cell_env(0, q0 + lane)):
                 values.append(e.expr(y))
-        return f"({vector}){{{', '.join(values)}}}"
+        return f"({vector_type(lanes)}){{{', '.join(values)}}}"
