@@ -56,7 +56,8 @@ language's :meth:`CFamilySyntax.math_function` spells it for a precision, or nam
 that stands in for it: MSL's ``erf``, which its library lacks, :func:`_erf`; C's float32 ``exp``,
 which vectorizes where ``expf`` does not, :func:`_exp`)."""
 
-_INFIX = {Binop.ADD: "+", Binop.SUB: "-", Binop.MUL: "*", Binop.DIV: "/"}
+INFIX = {Binop.ADD: "+", Binop.SUB: "-", Binop.MUL: "*", Binop.DIV: "/"}
+"""The float arithmetic C-family languages write infix (the C tiles apply it to vectors too)."""
 
 _COMPARISONS = {Binop.LT: "<", Binop.GT: ">", Binop.EQ: "==", Binop.NE: "!="}
 
@@ -237,10 +238,10 @@ class CFamilySyntax(Syntax):
             return f"{self.helper('ocannl_uint4x32_pack')}({a}, {b})"
         if op is Binop.UINT4X32_WORD:
             return f"({a}){self.lane_subscript.format(b)}"
-        if op in _INFIX:
+        if op in INFIX:
             if dtype in _SIGNED and op is not Binop.DIV:
-                return self._wrapping(dtype, _INFIX[op], a, b)
-            return f"({a} {_INFIX[op]} {b})"
+                return self._wrapping(dtype, INFIX[op], a, b)
+            return f"({a} {INFIX[op]} {b})"
         if op in _RULES or op in _SELECTS:
             return f"{self.helper(self._rule_name(op, dtype, branchless), dtype)}({a}, {b})"
         t = self.compute_type(dtype)

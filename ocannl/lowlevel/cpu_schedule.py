@@ -49,7 +49,7 @@ from ocannl.lowlevel.ir import (
     Stmt, Store, StoreDynamic, Ternary, Unary, iter_exprs, iter_stmts, seq, stmt_exprs, total_over_executions,
 )
 from ocannl.lowlevel.rewrite import FreshCopy, Rewriter
-from ocannl.lowlevel.scalar_ops import Binop, Ternop
+from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
 from ocannl.lowlevel.schedule import block_terms, blocked_reduction_of, contraction_of, reduction_of
 from ocannl.lowlevel.tnode import TNode
 
@@ -972,8 +972,10 @@ def tile_lanes(plan: ContractionPlan, nr: int, blocks: Stmt | None, vector_bytes
 def vector_factors(term: Expr, row: Symbol | None, col: Symbol) -> tuple[Expr | None, Expr, Expr, bool, float] | None:
     """``(test, x, y, x_first, other)`` of a term ``x * y`` (``x_first``) or ``y * x``, or
     ``where(test, that, other)`` for a constant ``other``, where ``x`` and ``test`` read no
-    column and ``y`` no row: float32 loads, or functions of one load each (an inlined gradient's
-    copy ``0.0 + g``, :func:`_factor_load`), a test free of locals. ``None`` otherwise."""
+    column and ``y`` no row: float32 values, ``x`` a function of one load (broadcast to the
+    row's vectors: an inlined gradient's copy ``0.0 + g``, :func:`_factor_load`), ``y`` a load or
+    arithmetic of one with constants (:func:`vector_chain_load`, computed on the loaded vector),
+    a test free of locals. ``None`` otherwise."""
     test, other = None, 0.0
     if isinstance(term, Ternary) and term.op is Ternop.WHERE and isinstance(term.c, Const):
         test, other, term = term.a, term.c.value, term.b
@@ -984,12 +986,32 @@ def vector_factors(term: Expr, row: Symbol | None, col: Symbol) -> tuple[Expr | 
     if not (isinstance(term, Binary) and term.op is Binop.MUL and term.dtype is dtypes.float32):
         return None
     for x, y, x_first in ((term.a, term.b, True), (term.b, term.a, False)):
-        if not all(f.dtype is dtypes.float32 and (_factor_load(f) or f).dtype is dtypes.float32
-                   and _factor_load(f) is not None for f in (x, y)):
-            return None
+        if not (x.dtype is dtypes.float32 and _factor_load(x) is not None and vector_chain_load(y) is not None):
+            continue
         if col not in expr_symbols(x) and col in expr_symbols(y) and (row is None or row not in expr_symbols(y)):
             return test, x, y, x_first, other
     return None
+
+
+_VECTOR_CHAIN_OPS = frozenset({Binop.ADD, Binop.SUB, Binop.MUL, Binop.DIV})
+
+
+def vector_chain_load(factor: Expr) -> Load | None:
+    """The float32 load under ``factor`` when ``factor`` is that load, or ``+ - * /`` of it with
+    constants and negations (a gradient's copy ``0.0 + g``): what a vector tile computes on the
+    loaded vector of columns, the constants broadcast; ``None`` for any other factor."""
+    while True:
+        match factor:
+            case Load(tnode=node) if node.dtype is dtypes.float32:
+                return factor
+            case Unary(op=Unop.NEG, x=x):
+                factor = x
+            case Binary(op=op, a=Const(), b=b) if op in _VECTOR_CHAIN_OPS:
+                factor = b
+            case Binary(op=op, a=a, b=Const()) if op in _VECTOR_CHAIN_OPS:
+                factor = a
+            case _:
+                return None
 
 
 def gemm_with_epilogue(loop: For, vector_bytes: int,

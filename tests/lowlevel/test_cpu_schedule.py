@@ -98,8 +98,8 @@ def test_an_innermost_loop_of_independent_iterations_with_a_remainder_asks_for_a
 
 def test_a_vector_tile_takes_a_factor_computed_from_one_load():
     """``w.grad[c, k] += x[b, k] * (0.0 + g[b, c])`` (a convolution's kernel gradient reading an
-    inlined gradient copy): the copy is the column factor, built lane by lane; a factor of two
-    loads is not one."""
+    inlined gradient copy): the copy is the column factor, computed on the loaded vector of ``g``
+    (``vector_chain_load``); a factor of two loads is not one, nor one through a function."""
     x, g = TNode("x", (64, 9)), TNode("g", (64, 8))
     b, c, k = Symbol(), Symbol(), Symbol()
     copy = Binary(Binop.ADD, Const(0.0, dtypes.float32), Load(g, (Iter(b), Iter(c))))
@@ -107,3 +107,5 @@ def test_a_vector_tile_takes_a_factor_computed_from_one_load():
     assert cpu_schedule.vector_factors(term, k, c) == (None, term.a, copy, True, 0.0)
     two = Binary(Binop.MUL, Load(x, (Iter(b), Iter(k))), Binary(Binop.ADD, Load(g, (Iter(b), Iter(c))), copy))
     assert cpu_schedule.vector_factors(two, k, c) is None
+    assert cpu_schedule.vector_chain_load(copy) == copy.b
+    assert cpu_schedule.vector_chain_load(Unary(Unop.EXP, copy.b)) is None

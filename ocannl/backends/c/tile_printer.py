@@ -21,13 +21,14 @@ from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 
 from ocannl.backends.c.cells import cell_start
 from ocannl.backends.c.gemm import vector_type
+from ocannl.backends.c_family import INFIX
 from ocannl.backends.codegen import zero_value
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.analysis import affine_form, provably_within, row_major_strides
-from ocannl.lowlevel.cpu_schedule import NestPlan, TileNest, vector_factors
+from ocannl.lowlevel.cpu_schedule import NestPlan, TileNest, vector_chain_load, vector_factors
 from ocannl.lowlevel.identifiers import comment_text
 from ocannl.lowlevel.indexing import Symbol, index_symbols
-from ocannl.lowlevel.ir import Binary, Expr, For, Load, LocalScope, Seq, SetLocal, Stmt, format_stmt
+from ocannl.lowlevel.ir import Binary, Const, Expr, For, Load, LocalScope, Seq, SetLocal, Stmt, Unary, format_stmt
 from ocannl.lowlevel.scalar_ops import Binop
 
 if TYPE_CHECKING:
@@ -374,13 +375,13 @@ class TilePrinter:
                     value = f"({condition} ? {value} : ({vector}){{{', '.join([k] * lanes)}}})"
                 e.line(f"{acc(r, v)} = {acc(r, v)} + {value};")
 
-    def _vector_load(self, y: Expr, col: Symbol, q0: int, lanes: int, cell_env: CellEnv) -> str:
-        """The vector of ``y`` at the columns ``q0 ..< q0 + lanes`` of the tile: one load where
-        ``y`` is a load, the columns are adjacent in memory and no bounds test depends on them,
-        else the lanes one by one."""
+    def _vector_load(self, factor: Expr, col: Symbol, q0: int, lanes: int, cell_env: CellEnv) -> str:
+        """The vector of ``factor`` (a load, or arithmetic of one with constants:
+        ``cpu_schedule.vector_chain_load``) at the columns ``q0 ..< q0 + lanes`` of the tile: one
+        load where the columns are adjacent in memory and no bounds test depends on them, the
+        arithmetic done on the vector; else the lanes one by one."""
         e = self.e
-        if not isinstance(y, Load):
-            return self._lanes(y, q0, lanes, cell_env)
+        y = vector_chain_load(factor)
         strides = row_major_strides(y.tnode.dims)
         col_stride = sum(stride * c for idx, stride in zip(y.indices, strides)
                          for c, s in affine_form(idx)[0] if s is col)
@@ -395,8 +396,22 @@ class TilePrinter:
             if conditions:
                 outside = e.syntax.literal(y.oob_value, dtypes.float32)
                 load = f"(({conditions}) ? {load} : ({vector}){{{', '.join([outside] * lanes)}}})"
-            return load
-        return self._lanes(y, q0, lanes, cell_env)
+            return self._on_vector(factor, y, load)
+        return self._lanes(factor, q0, lanes, cell_env)
+
+    def _on_vector(self, factor: Expr, load: Load, vector: str) -> str:
+        """``factor`` with its load ``load`` read as the vector ``vector``: GCC's vector
+        extensions broadcast the scalar constants."""
+        if factor is load:
+            return vector
+        match factor:
+            case Unary(x=x):
+                return f"(-{self._on_vector(x, load, vector)})"
+            case Binary(op=op, a=Const() as c, b=b):
+                return f"({self.e.expr(c)} {INFIX[op]} {self._on_vector(b, load, vector)})"
+            case Binary(op=op, a=a, b=c):
+                return f"({self._on_vector(a, load, vector)} {INFIX[op]} {self.e.expr(c)})"
+        raise AssertionError(f"not a vector chain: {factor}")
 
     def _lanes(self, y: Expr, q0: int, lanes: int, cell_env: CellEnv) -> str:
         """The vector of ``y`` at the columns ``q0 ..< q0 + lanes``, built lane by lane."""
