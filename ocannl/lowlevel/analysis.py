@@ -38,6 +38,7 @@ from typing import Iterable, Iterator, Mapping, get_args
 from ocannl.lowlevel.indexing import Affine, AnySymbol, AxisIndex, Fixed, IndexSymbol, Iter, index_bounds, index_symbols
 from ocannl.lowlevel.ir import (
     Binary,
+    Cast,
     Const,
     EmbedIndex,
     Expr,
@@ -54,11 +55,12 @@ from ocannl.lowlevel.ir import (
     Stmt,
     Store,
     StoreDynamic,
+    Unary,
     iter_exprs,
     iter_stmts,
     stmt_exprs,
 )
-from ocannl.lowlevel.scalar_ops import Binop
+from ocannl.lowlevel.scalar_ops import Binop, Unop
 from ocannl.lowlevel.tnode import TNode
 
 Terms = tuple[tuple[int, AnySymbol], ...]
@@ -159,6 +161,25 @@ def expr_symbols(e: Expr) -> set[AnySymbol]:
         elif isinstance(sub, EmbedIndex):
             out |= set(index_symbols(sub.index))
     return out
+
+
+def under_constant_arithmetic(e: Expr, ops: frozenset[Binop], *, casts: bool) -> Expr:
+    """What ``e`` applies its outer negations, ``ops`` with a constant operand and (``casts``)
+    conversions to: ``g[i]`` for ``0.0 + g[i]`` or ``-(2.0 * g[i])``. A gradient passed on by an
+    addition is such a copy; the optimizer recomputes them freely, a packed product's operand or a
+    vector tile's factor computes them as it reads the load."""
+    while True:
+        match e:
+            case Unary(op=Unop.NEG, x=x):
+                e = x
+            case Cast(x=x) if casts:
+                e = x
+            case Binary(op=op, a=Const(), b=b) if op in ops:
+                e = b
+            case Binary(op=op, a=a, b=Const()) if op in ops:
+                e = a
+            case _:
+                return e
 
 
 # ---------------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ from typing import Literal
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.analysis import (
     affine_form, expr_symbols, locals_bound, locals_read, locals_written, loop_chain, provably_within, row_major_offset,
-    substitute_index,
+    substitute_index, under_constant_arithmetic,
 )
 from ocannl.lowlevel.dtypes import DType
 from ocannl.lowlevel.indexing import Affine, AnySymbol, AxisIndex, Iter, Symbol, index_symbols
@@ -49,7 +49,7 @@ from ocannl.lowlevel.ir import (
     Stmt, Store, StoreDynamic, Ternary, Unary, iter_exprs, iter_stmts, seq, stmt_exprs, total_over_executions,
 )
 from ocannl.lowlevel.rewrite import FreshCopy, Rewriter
-from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
+from ocannl.lowlevel.scalar_ops import Binop, Ternop
 from ocannl.lowlevel.schedule import block_terms, blocked_reduction_of, contraction_of, reduction_of
 from ocannl.lowlevel.tnode import TNode
 
@@ -1000,18 +1000,8 @@ def vector_chain_load(factor: Expr) -> Load | None:
     """The float32 load under ``factor`` when ``factor`` is that load, or ``+ - * /`` of it with
     constants and negations (a gradient's copy ``0.0 + g``): what a vector tile computes on the
     loaded vector of columns, the constants broadcast; ``None`` for any other factor."""
-    while True:
-        match factor:
-            case Load(tnode=node) if node.dtype is dtypes.float32:
-                return factor
-            case Unary(op=Unop.NEG, x=x):
-                factor = x
-            case Binary(op=op, a=Const(), b=b) if op in _VECTOR_CHAIN_OPS:
-                factor = b
-            case Binary(op=op, a=a, b=Const()) if op in _VECTOR_CHAIN_OPS:
-                factor = a
-            case _:
-                return None
+    load = under_constant_arithmetic(factor, _VECTOR_CHAIN_OPS, casts=False)
+    return load if isinstance(load, Load) and load.tnode.dtype is dtypes.float32 else None
 
 
 def gemm_with_epilogue(loop: For, vector_bytes: int,

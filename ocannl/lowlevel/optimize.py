@@ -61,7 +61,9 @@ from typing import Any, Collection, Iterable, Iterator
 import numpy as np
 
 from ocannl.lowlevel import dtypes
-from ocannl.lowlevel.analysis import all_exprs, locals_read, locals_written, nodes_read, nodes_written, normalize_index
+from ocannl.lowlevel.analysis import (
+    all_exprs, locals_read, locals_written, nodes_read, nodes_written, normalize_index, under_constant_arithmetic,
+)
 from ocannl.lowlevel.dtypes import DType
 from ocannl.lowlevel.gather import gather_scatters
 from ocannl.lowlevel.indexing import Affine, AnySymbol, AxisIndex, Fixed, IndexSymbol, Iter, Symbol
@@ -577,18 +579,7 @@ _CHEAP_BINOPS = frozenset({Binop.ADD, Binop.SUB, Binop.MUL, Binop.DIV, Binop.MAX
 def _one_load_chain(e: Expr) -> bool:
     """Whether ``e`` is a constant, an index value, or one load under casts, negations and
     arithmetic operations with a constant operand."""
-    while True:
-        match e:
-            case Load() | Const() | EmbedIndex():
-                return True
-            case Cast(x=x) | Unary(op=Unop.NEG, x=x):
-                e = x
-            case Binary(op=op, a=Const(), b=b) if op in _CHEAP_BINOPS:
-                e = b
-            case Binary(op=op, a=a, b=Const()) if op in _CHEAP_BINOPS:
-                e = a
-            case _:
-                return False
+    return isinstance(under_constant_arithmetic(e, _CHEAP_BINOPS, casts=True), (Load, Const, EmbedIndex))
 
 
 def _bare_loop_symbols(stmt: Stmt, node: TNode) -> set[AnySymbol]:

@@ -3,13 +3,13 @@ accesses, on hand-built indices and statements."""
 
 from ocannl.lowlevel import analysis as an
 from ocannl.lowlevel.indexing import Affine, Fixed, IndexSymbol, Iter, Symbol
-from ocannl.lowlevel.analysis import all_exprs, all_stmts
+from ocannl.lowlevel.analysis import all_exprs, all_stmts, under_constant_arithmetic
 from ocannl.lowlevel.ir import (
     Binary, Cast, Const, DeclareLocal, EmbedIndex, Fill, GetLocal, Load, LoadDynamic, Local, LocalScope, SetLocal,
-    Store, StoreDynamic, iter_exprs, loop, seq,
+    Store, StoreDynamic, Unary, iter_exprs, loop, seq,
 )
 from ocannl.lowlevel import dtypes
-from ocannl.lowlevel.scalar_ops import Binop
+from ocannl.lowlevel.scalar_ops import Binop, Unop
 from ocannl.lowlevel.tnode import TNode
 
 
@@ -214,3 +214,23 @@ def test_reads_writes_and_bindings_of_a_statement_and_of_an_expression():
     assert not an.sets_outer_local(store) and not an.sets_outer_local(declared)
     into_outer = loop(j, 2, SetLocal(t, Binary(Binop.ADD, GetLocal(t), Load(a, (Iter(j),)))))
     assert an.sets_outer_local(into_outer.body) and an.locals_written(into_outer) == {t}
+
+
+def test_under_constant_arithmetic_peels_what_a_copy_applies_to_its_load():
+    """``0.0 + g``, ``-(2.0 * g)``, a cast of it when asked: ``g``; not through another load, nor
+    through an operator outside the set."""
+    g, h = TNode("g", (4,)), TNode("h", (4,))
+    i = Symbol()
+    load = Load(g, (Iter(i),))
+    ops = frozenset({Binop.ADD, Binop.MUL})
+    copy = Binary(Binop.ADD, Const(0.0, dtypes.float32), load)
+    assert under_constant_arithmetic(copy, ops, casts=False) is load
+    assert under_constant_arithmetic(Unary(Unop.NEG, Binary(Binop.MUL, Const(2.0, dtypes.float32), load)), ops,
+                                     casts=False) is load
+    cast = Cast(load, dtypes.float64)
+    assert under_constant_arithmetic(cast, ops, casts=True) is load
+    assert under_constant_arithmetic(cast, ops, casts=False) is cast
+    two = Binary(Binop.ADD, load, Load(h, (Iter(i),)))
+    assert under_constant_arithmetic(two, ops, casts=True) is two
+    divided = Binary(Binop.DIV, load, Const(2.0, dtypes.float32))
+    assert under_constant_arithmetic(divided, ops, casts=True) is divided
