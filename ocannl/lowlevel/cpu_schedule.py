@@ -764,11 +764,8 @@ def store_ordered_nest(loop: For) -> For | None:
         if strides[f.symbol] <= span:
             return None
         span += strides[f.symbol] * (f.extent - 1)
-    for e in iter_exprs(body.value):
-        if isinstance(e, (LoadDynamic, LocalScope)):
-            return None
-        if isinstance(e, Load) and e.tnode is body.tnode and e.indices != body.indices:
-            return None
+    if not _reads_only_its_cell(body):
+        return None
     if all(a is b for a, b in zip(order, chain)):
         return loop
     nest: Stmt = body
@@ -870,17 +867,25 @@ def plan_nest(loop: For, vector_bytes: int | None, threads: bool, tiles: bool = 
     contraction = plan_contraction(loop, vector_bytes) if tiles else None
     if contraction is None:
         ordered = store_ordered_nest(loop)
-        if ordered is None:
-            plan = plan_loop(loop, threads)
-            return replace(plan, simd=not plan.parallel and _vector_remainder_loop(loop, vector_bytes))
-        plan = plan_loop(ordered, threads)
-        return replace(plan, branchless=True, simd=not plan.parallel and _vector_remainder_loop(ordered, vector_bytes))
+        nest = loop if ordered is None else ordered
+        plan = plan_loop(nest, threads)
+        return replace(plan, branchless=ordered is not None,
+                       simd=not plan.parallel and _vector_remainder_loop(nest, vector_bytes))
     branchless = contraction.nr >= VECTOR_TILE_COLUMNS
     if contraction.gemm is not None:
         gemm = replace(contraction.gemm, parallel=contraction.gemm.parallel and threads)
         return NestPlan(loop, branchless=branchless, contraction=replace(contraction, gemm=gemm))
     return NestPlan(loop, branchless=branchless, contraction=contraction,
                     tile_nests=_tile_nests(contraction, vector_bytes, threads))
+
+
+def _reads_only_its_cell(store: Store) -> bool:
+    """Whether ``store``'s value reads its own node at the stored cell only, and nothing by a
+    dynamic position or in a local scope: each iteration of the loops around it computes its cell
+    from values no other iteration writes."""
+    return not any(isinstance(e, (LoadDynamic, LocalScope))
+                   or (isinstance(e, Load) and e.tnode is store.tnode and e.indices != store.indices)
+                   for e in iter_exprs(store.value))
 
 
 def _vector_remainder_loop(loop: For, vector_bytes: int | None) -> bool:
@@ -894,11 +899,7 @@ def _vector_remainder_loop(loop: For, vector_bytes: int | None) -> bool:
     if loop.extent % max(1, vector_bytes // body.tnode.dtype.itemsize) == 0:
         return False
     terms, _ = affine_form(row_major_offset(body.indices, body.tnode.dims))
-    if sum(c for c, s in terms if s == loop.symbol) != 1:
-        return False
-    return not any(isinstance(e, (LoadDynamic, LocalScope)) or (isinstance(e, Load) and e.tnode is body.tnode
-                                                                and e.indices != body.indices)
-                   for e in iter_exprs(body.value))
+    return sum(c for c, s in terms if s == loop.symbol) == 1 and _reads_only_its_cell(body)
 
 
 def plan_loop(loop: For, threads: bool) -> NestPlan:
