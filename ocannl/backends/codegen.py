@@ -125,8 +125,9 @@ class Syntax(abc.ABC):
     def checked_index(self, index: str, extent: int, site: int) -> str:
         """``index`` if it is in ``[0, extent)``; otherwise records error ``site`` and gives 0."""
 
-    def parallel_for(self, collapse: int) -> str | None:
-        """The line put before a parallel loop (``None``: the language has no such loops)."""
+    def parallel_for(self, collapse: int, simd: bool = False) -> str | None:
+        """The line put before a parallel loop (``None``: the language has no such loops);
+        ``simd``: it asks for a vector loop too (:meth:`simd_loop`)."""
         return None
 
     def simd_loop(self) -> str | None:
@@ -408,7 +409,8 @@ class Emitter:
             self._loop(plan_loop(loop, threads))
             return
         vector_bytes = self.target.vector_bytes if self.target is not None else None
-        self.nest(plan_nest(loop, vector_bytes, threads, tiles=self.target is not None))
+        self.nest(plan_nest(loop, vector_bytes, threads, tiles=self.target is not None,
+                            in_parallel=scope.in_parallel))
 
     def nest(self, plan: NestPlan) -> None:
         """Prints a nest the walk reaches outside local scopes and tiles as ``plan`` says: its
@@ -422,12 +424,12 @@ class Emitter:
     def _loop(self, plan: NestPlan) -> None:
         """Prints ``plan.nest``'s loop, with the parallel pragma where the plan runs it on threads."""
         loop, scope = plan.nest, self.scope
-        pragma = self.syntax.parallel_for(1) if plan.parallel else None
-        if pragma:
-            self.line(pragma)
-        simd = self.syntax.simd_loop() if plan.simd and self.parallel else None  # OpenMP's pragmas are read
-        if simd:
-            self.line(simd)
+        pragma = self.syntax.parallel_for(1, simd=plan.simd) if plan.parallel else None
+        # OpenMP's pragmas are read only where the parallel ones are
+        simd = self.syntax.simd_loop() if plan.simd and self.parallel and not pragma else None
+        for line in (pragma, simd):
+            if line:
+                self.line(line)
         var = self.namer.symbol(loop.symbol)
         it = self.syntax.index_type
         self.line(f"for ({it} {var} = 0; {var} < {loop.extent}; ++{var}) {{")

@@ -351,6 +351,28 @@ def test_big_parallel_loops_use_openmp_and_stay_identical():
         assert_same_bits(expected[node], got[node], node.name)
 
 
+@needs_cc
+def test_loops_in_parallel_regions_ask_for_vector_loops_and_stay_identical():
+    """OpenMP's outlined region loses the buffers' ``restrict``, so GCC's -O2 left an elementwise
+    loop inside it scalar: the innermost independent loop asks for a vector loop, printed with the
+    parallel pragma when it is the parallel loop itself."""
+    n, rows = PARALLEL_MIN_WORK, PARALLEL_MIN_WORK // 64
+    x, y = TNode("x", (n,), dtypes.float32), TNode("y", (n,), dtypes.float32)
+    u, v = TNode("u", (rows, 64), dtypes.float32), TNode("v", (rows, 64), dtypes.float32)
+    i, j = Symbol(), Symbol()
+    relu = loop(i, rows, loop(j, 64, Store(v, (Iter(i), Iter(j)), Unary(Unop.RELU, Load(u, (Iter(i), Iter(j)))))))
+    body = seq(pointwise_loop(y, lambda i: Binary(Binop.MUL, Load(x, (i,)), Const(1.5))), relu)
+    routine = RoutineIR("vector_regions", body)
+    text = emit_c(routine, vector_bytes=64).text
+    assert text.count("#pragma omp parallel for simd") == 1
+    assert text.count("#pragma omp parallel for\n") == 1 and text.count("#pragma omp simd") == 1
+    rng = np.random.default_rng(4)
+    inputs = {x: rng.standard_normal(n).astype(np.float32), u: rng.standard_normal((rows, 64)).astype(np.float32)}
+    expected, got = run_both("c", routine, inputs)
+    for node in (y, v):
+        assert_same_bits(expected[node], got[node], node.name)
+
+
 def work_of(stmt):
     from ocannl.lowlevel.cpu_schedule import work
 

@@ -96,6 +96,23 @@ def test_an_innermost_loop_of_independent_iterations_with_a_remainder_asks_for_a
     assert not plan_nest(inner(54), None, threads=False).simd, "no vector registers"
 
 
+def test_an_independent_innermost_loop_in_a_parallel_region_asks_for_a_vector_loop():
+    """OpenMP moves a parallel region into a function reading the buffers' addresses from a
+    structure, their ``restrict`` lost, and GCC's -O2 adds no run-time alias check: a relu inside
+    ``#pragma omp parallel for`` stayed scalar, 6x slower. Inside a region, and when the parallel
+    loop is itself innermost, the loop asks for a vector loop whatever its trip count."""
+    x, y = TNode("x", (4096, 64)), TNode("y", (4096, 64))
+    i, j = Symbol(), Symbol()
+    inner = loop(j, 64, Store(y, (Iter(i), Iter(j)), Unary(Unop.RELU, Load(x, (Iter(i), Iter(j))))))
+    assert not plan_nest(inner, 64, threads=False).simd
+    assert plan_nest(inner, 64, threads=False, in_parallel=True).simd
+
+    flat_x, flat_y = TNode("fx", (1 << 20,)), TNode("fy", (1 << 20,))
+    flat = loop(i, 1 << 20, Store(flat_y, (Iter(i),), Unary(Unop.RELU, Load(flat_x, (Iter(i),)))))
+    plan = plan_nest(flat, 64, threads=True)
+    assert plan.parallel and plan.simd
+
+
 def test_a_vector_tile_takes_a_factor_computed_from_one_load():
     """``w.grad[c, k] += x[b, k] * (0.0 + g[b, c])`` (a convolution's kernel gradient reading an
     inlined gradient copy): the copy is the column factor, computed on the loaded vector of ``g``

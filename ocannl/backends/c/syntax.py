@@ -131,8 +131,8 @@ class CSyntax(CFamilySyntax):
             f"  return r;"
         )
 
-    def parallel_for(self, collapse: int) -> str | None:
-        return "#pragma omp parallel for" + (f" collapse({collapse})" if collapse > 1 else "")
+    def parallel_for(self, collapse: int, simd: bool = False) -> str | None:
+        return "#pragma omp parallel for" + (" simd" if simd else "") + (f" collapse({collapse})" if collapse > 1 else "")
 
     def simd_loop(self) -> str | None:
         return "#pragma omp simd"
