@@ -32,7 +32,7 @@ static int broadcast_add(
   return _status_cell;
 }
 
-int broadcast_add_packed(void *const *_buffers, const int64_t *_symbols) {
+static int broadcast_add_unpacked(void *const *_buffers, const int64_t *_symbols) {
   (void)_symbols;
   return broadcast_add(
       _buffers[0],
@@ -40,14 +40,15 @@ int broadcast_add_packed(void *const *_buffers, const int64_t *_symbols) {
       _buffers[2]);
 }
 
+int broadcast_add_packed(void *const *_buffers, const int64_t *_symbols) {
+  return broadcast_add_unpacked(_buffers, _symbols);
+}
+
 int broadcast_add_steps(void *const *_buffers, const int64_t *_steps, int64_t _n, int64_t _n_records,
     void *const *_record_src, char *const *_record_dst, const int64_t *_record_bytes,
     int64_t *_failed_step) {
   for (int64_t _i = 0; _i < _n; ++_i) {
-    int _status = broadcast_add(
-        _buffers[0],
-        _buffers[1],
-        _buffers[2]);
+    int _status = broadcast_add_unpacked(_buffers, _steps);
     if (_status) {
       *_failed_step = _i;
       return _status;

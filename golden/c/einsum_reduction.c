@@ -96,7 +96,7 @@ static int einsum_reduction(
   return _status_cell;
 }
 
-int einsum_reduction_packed(void *const *_buffers, const int64_t *_symbols) {
+static int einsum_reduction_unpacked(void *const *_buffers, const int64_t *_symbols) {
   (void)_symbols;
   return einsum_reduction(
       _buffers[0],
@@ -104,14 +104,15 @@ int einsum_reduction_packed(void *const *_buffers, const int64_t *_symbols) {
       _buffers[2]);
 }
 
+int einsum_reduction_packed(void *const *_buffers, const int64_t *_symbols) {
+  return einsum_reduction_unpacked(_buffers, _symbols);
+}
+
 int einsum_reduction_steps(void *const *_buffers, const int64_t *_steps, int64_t _n, int64_t _n_records,
     void *const *_record_src, char *const *_record_dst, const int64_t *_record_bytes,
     int64_t *_failed_step) {
   for (int64_t _i = 0; _i < _n; ++_i) {
-    int _status = einsum_reduction(
-        _buffers[0],
-        _buffers[1],
-        _buffers[2]);
+    int _status = einsum_reduction_unpacked(_buffers, _steps);
     if (_status) {
       *_failed_step = _i;
       return _status;

@@ -224,7 +224,7 @@ static int matmul(
   return _status_cell;
 }
 
-int matmul_packed(void *const *_buffers, const int64_t *_symbols) {
+static int matmul_unpacked(void *const *_buffers, const int64_t *_symbols) {
   (void)_symbols;
   return matmul(
       _buffers[0],
@@ -232,14 +232,15 @@ int matmul_packed(void *const *_buffers, const int64_t *_symbols) {
       _buffers[2]);
 }
 
+int matmul_packed(void *const *_buffers, const int64_t *_symbols) {
+  return matmul_unpacked(_buffers, _symbols);
+}
+
 int matmul_steps(void *const *_buffers, const int64_t *_steps, int64_t _n, int64_t _n_records,
     void *const *_record_src, char *const *_record_dst, const int64_t *_record_bytes,
     int64_t *_failed_step) {
   for (int64_t _i = 0; _i < _n; ++_i) {
-    int _status = matmul(
-        _buffers[0],
-        _buffers[1],
-        _buffers[2]);
+    int _status = matmul_unpacked(_buffers, _steps);
     if (_status) {
       *_failed_step = _i;
       return _status;

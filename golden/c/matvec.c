@@ -33,7 +33,7 @@ static int matvec(
   return _status_cell;
 }
 
-int matvec_packed(void *const *_buffers, const int64_t *_symbols) {
+static int matvec_unpacked(void *const *_buffers, const int64_t *_symbols) {
   (void)_symbols;
   return matvec(
       _buffers[0],
@@ -41,14 +41,15 @@ int matvec_packed(void *const *_buffers, const int64_t *_symbols) {
       _buffers[2]);
 }
 
+int matvec_packed(void *const *_buffers, const int64_t *_symbols) {
+  return matvec_unpacked(_buffers, _symbols);
+}
+
 int matvec_steps(void *const *_buffers, const int64_t *_steps, int64_t _n, int64_t _n_records,
     void *const *_record_src, char *const *_record_dst, const int64_t *_record_bytes,
     int64_t *_failed_step) {
   for (int64_t _i = 0; _i < _n; ++_i) {
-    int _status = matvec(
-        _buffers[0],
-        _buffers[1],
-        _buffers[2]);
+    int _status = matvec_unpacked(_buffers, _steps);
     if (_status) {
       *_failed_step = _i;
       return _status;

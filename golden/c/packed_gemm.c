@@ -206,7 +206,7 @@ static int packed_gemm(
   return _status_cell;
 }
 
-int packed_gemm_packed(void *const *_buffers, const int64_t *_symbols) {
+static int packed_gemm_unpacked(void *const *_buffers, const int64_t *_symbols) {
   (void)_symbols;
   return packed_gemm(
       _buffers[0],
@@ -214,14 +214,15 @@ int packed_gemm_packed(void *const *_buffers, const int64_t *_symbols) {
       _buffers[2]);
 }
 
+int packed_gemm_packed(void *const *_buffers, const int64_t *_symbols) {
+  return packed_gemm_unpacked(_buffers, _symbols);
+}
+
 int packed_gemm_steps(void *const *_buffers, const int64_t *_steps, int64_t _n, int64_t _n_records,
     void *const *_record_src, char *const *_record_dst, const int64_t *_record_bytes,
     int64_t *_failed_step) {
   for (int64_t _i = 0; _i < _n; ++_i) {
-    int _status = packed_gemm(
-        _buffers[0],
-        _buffers[1],
-        _buffers[2]);
+    int _status = packed_gemm_unpacked(_buffers, _steps);
     if (_status) {
       *_failed_step = _i;
       return _status;

@@ -33,7 +33,7 @@ static int padded_conv(
   return _status_cell;
 }
 
-int padded_conv_packed(void *const *_buffers, const int64_t *_symbols) {
+static int padded_conv_unpacked(void *const *_buffers, const int64_t *_symbols) {
   (void)_symbols;
   return padded_conv(
       _buffers[0],
@@ -41,14 +41,15 @@ int padded_conv_packed(void *const *_buffers, const int64_t *_symbols) {
       _buffers[2]);
 }
 
+int padded_conv_packed(void *const *_buffers, const int64_t *_symbols) {
+  return padded_conv_unpacked(_buffers, _symbols);
+}
+
 int padded_conv_steps(void *const *_buffers, const int64_t *_steps, int64_t _n, int64_t _n_records,
     void *const *_record_src, char *const *_record_dst, const int64_t *_record_bytes,
     int64_t *_failed_step) {
   for (int64_t _i = 0; _i < _n; ++_i) {
-    int _status = padded_conv(
-        _buffers[0],
-        _buffers[1],
-        _buffers[2]);
+    int _status = padded_conv_unpacked(_buffers, _steps);
     if (_status) {
       *_failed_step = _i;
       return _status;

@@ -76,6 +76,31 @@ def test_a_number_after_a_name_ending_in_status_is_no_check_number():
 
 
 @needs_cc
+def test_initializations_alike_but_for_their_keys_share_one_function(monkeypatch):
+    """Parameters of one shape initialize by the same nest, each with its own Threefry key (a
+    ``uint4x32_t`` literal): the init routine prints it once, taking the key as a parameter, and
+    every parameter still gets its own values, the interpreter's bits."""
+    import ocannl.backends.c.backend as c_backend
+
+    sources = []
+    emit = c_backend.emit_c
+    monkeypatch.setattr(c_backend, "emit_c", lambda routine, **kw: sources.append(emit(routine, **kw)) or sources[-1])
+    values = {}
+    for backend in ("interp", "c"):
+        oc.session.reset()
+        oc.seed(5)
+        ws = [oc.param(f"w{k}", output=8, input=16, init=oc.init.uniform(-0.5, 0.5)) for k in range(3)]
+        ctx = oc.Context(backend)
+        ctx.compile(oc.cd.assign(oc.tensor(np.zeros((8, 16), np.float32), label="out"), "=:", ws[0] + ws[1] + ws[2]))
+        values[backend] = [ctx.get(w) for w in ws]
+    init = next(s.text for s in sources if s.name.endswith("_init"))
+    assert len(helper_definitions(init)) == 1 and "uint4x32_t _key0," in init
+    for got, expected in zip(values["c"], values["interp"]):
+        np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
+    assert not np.array_equal(values["c"][0], values["c"][1])
+
+
+@needs_cc
 def test_a_shared_function_reports_the_check_of_its_caller():
     ctx = oc.Context("c")
     ids_a, ids_b = oc.tensor(np.array([1, 3]), label="ids_a"), oc.tensor(np.array([0, 2]), label="ids_b")

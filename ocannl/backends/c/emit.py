@@ -30,9 +30,11 @@ compiled as several :func:`translation_units` at the same time (``compiler.py``)
 
 The runtime calls it through the one exported function, ``<function>_packed(void *const
 *_buffers, const int64_t *_symbols)``, which passes ``_buffers[k]`` and ``_symbols[k]`` on in
-parameter order: one call through ctypes takes at most 1024 arguments, and a deep network's
-training routine touches thousands of buffers. The routine's function is ``static``, so that
-call binds to it even when a library loaded earlier exports a function of the same name.
+parameter order (through the static ``<function>_unpacked``): one call through ctypes takes at
+most 1024 arguments, and a deep network's training routine touches thousands of buffers. The
+routine's function is ``static``, so that call binds to it even when a library loaded earlier
+exports a function of the same name. A routine run in parts is marked ``OCANNL_CALLS_FN``
+(``target.py``): it only calls its parts.
 
 ``Routine.run_many`` runs the routine for many steps in one call, through a second exported
 function, ``<function>_steps(_buffers, _steps, _n, _n_records, _record_src, _record_dst,
@@ -51,7 +53,9 @@ from dataclasses import dataclass
 
 from ocannl.backends.c.shared_helpers import share_identical_helpers
 from ocannl.backends.c.syntax import CSyntax
-from ocannl.backends.c.target import NEST_FN, NEST_FN_DEFINITION, TILE_FN, TILE_FN_DEFINITION, CTarget, pointer_param
+from ocannl.backends.c.target import (
+    CALLS_FN, CALLS_FN_DEFINITION, NEST_FN, NEST_FN_DEFINITION, TILE_FN, TILE_FN_DEFINITION, CTarget, pointer_param,
+)
 from ocannl.backends.codegen import Emitter, Site, comment_text
 from ocannl.lowlevel.indexing import IndexSymbol
 from ocannl.lowlevel.cost import timed_statements
@@ -109,7 +113,7 @@ def emit_c(routine: RoutineIR, *, parallel: bool = True, vector_bytes: int | Non
     symbols = tuple(emitter.symbols)
     params = [pointer_param(emitter, n) for n in nodes] + [f"int64_t {emitter.symbols[s]}" for s in symbols]
     checks = bool(emitter.sites or target.functions)
-    lines = [f"static int {fn}("]
+    lines = [f"static {CALLS_FN} int {fn}(" if target.in_parts else f"static int {fn}("]
     lines += [f"    {p}," for p in params[:-1]] + [f"    {params[-1]}) {{" if params else "    void) {"]
     if checks:
         lines.append("  int _status_cell = 0, *_status = &_status_cell;  /* the failed check, if any */")
@@ -121,9 +125,11 @@ def emit_c(routine: RoutineIR, *, parallel: bool = True, vector_bytes: int | Non
         lines.append(f"  _profile[{timers + 1}] += 1;")
     lines.append("  return _status_cell;" if checks else "  return 0;")
     lines.append("}")
-    entry, steps_entry = f"{fn}_packed", f"{fn}_steps"
-    lines += ["", *_packed_entry(entry, fn, len(nodes), len(symbols))]
-    lines += ["", *_steps_entry(steps_entry, fn, len(nodes), len(symbols))]
+    entry, steps_entry, unpacking = f"{fn}_packed", f"{fn}_steps", f"{fn}_unpacked"
+    lines += ["", *_unpacking_function(unpacking, fn, len(nodes), len(symbols))]
+    lines += ["", f"int {entry}(void *const *_buffers, const int64_t *_symbols) {{",
+              f"  return {unpacking}(_buffers, _symbols);", "}"]
+    lines += ["", *_steps_entry(steps_entry, unpacking, len(symbols))]
     profile_entry = f"{fn}_profile" if profile else None
     if profile_entry:
         lines += ["", *_profile_counters(profile_entry)]
@@ -134,7 +140,8 @@ def emit_c(routine: RoutineIR, *, parallel: bool = True, vector_bytes: int | Non
         header += ["#define _POSIX_C_SOURCE 200809L  /* clock_gettime */", "#include <time.h>"]
     header += [f"#include <{h}>" for h in INCLUDES]
     text = "\n".join(header) + "\n\n"
-    for macro, definition in ((NEST_FN, NEST_FN_DEFINITION), (TILE_FN, TILE_FN_DEFINITION)):
+    for macro, definition in ((NEST_FN, NEST_FN_DEFINITION), (TILE_FN, TILE_FN_DEFINITION),
+                              (CALLS_FN, CALLS_FN_DEFINITION)):
         if macro in code:
             text += definition + "\n\n"
     builtins = syntax.builtins()
@@ -175,34 +182,30 @@ def _profile_counters(name: str) -> list[str]:
     ]
 
 
-def _packed_entry(entry: str, fn: str, n_buffers: int, n_symbols: int) -> list[str]:
-    """``entry(buffers, symbols)``: calls ``fn`` with the arrays' elements as its arguments."""
-    lines = [f"int {entry}(void *const *_buffers, const int64_t *_symbols) {{"]
-    lines += [f"  (void){name};" for name, n in (("_buffers", n_buffers), ("_symbols", n_symbols)) if not n]
-    return lines + _unpacked_call("  return ", fn, n_buffers, n_symbols) + ["}"]
-
-
-def _unpacked_call(prefix: str, fn: str, n_buffers: int, n_symbols: int) -> list[str]:
-    """``prefix`` and a call of ``fn`` on ``_buffers[k]`` and ``_symbols[k]``, an argument a line."""
+def _unpacking_function(name: str, fn: str, n_buffers: int, n_symbols: int) -> list[str]:
+    """``name(buffers, symbols)``, static: calls ``fn`` with the arrays' elements as its
+    arguments, an argument a line. Both entries call it: a call of thousands of arguments
+    (a deep network's training routine) is printed once, since the C compiler's front end takes
+    a quarter of a second over each."""
+    lines = [f"static int {name}(void *const *_buffers, const int64_t *_symbols) {{"]
+    lines += [f"  (void){array};" for array, n in (("_buffers", n_buffers), ("_symbols", n_symbols)) if not n]
     args = [f"_buffers[{k}]" for k in range(n_buffers)] + [f"_symbols[{k}]" for k in range(n_symbols)]
     if not args:
-        return [f"{prefix}{fn}();"]
-    indent = " " * (len(prefix) - len(prefix.lstrip()) + 4)
-    return [f"{prefix}{fn}("] + [f"{indent}{a}," for a in args[:-1]] + [f"{indent}{args[-1]});"]
+        return lines + [f"  return {fn}();", "}"]
+    return lines + [f"  return {fn}("] + [f"      {a}," for a in args[:-1]] + [f"      {args[-1]});", "}"]
 
 
-def _steps_entry(name: str, fn: str, n_buffers: int, n_symbols: int) -> list[str]:
-    """``name(...)``: ``fn`` run ``_n`` times, each step's bindings a row of ``_steps``, the
-    recorded buffers copied out after every step (see the module docstring). It calls the
-    static function, as the packed entry does, never an exported name another library could
-    provide."""
+def _steps_entry(name: str, unpacking: str, n_symbols: int) -> list[str]:
+    """``name(...)``: the routine run ``_n`` times through ``unpacking``
+    (:func:`_unpacking_function`), each step's bindings a row of ``_steps``, the recorded buffers
+    copied out after every step (see the module docstring). It calls static functions, as the
+    packed entry does, never an exported name another library could provide."""
     return [
         f"int {name}(void *const *_buffers, const int64_t *_steps, int64_t _n, int64_t _n_records,",
         "    void *const *_record_src, char *const *_record_dst, const int64_t *_record_bytes,",
         "    int64_t *_failed_step) {",
         "  for (int64_t _i = 0; _i < _n; ++_i) {",
-        *([f"    const int64_t *_symbols = _steps + _i * {n_symbols};"] if n_symbols else []),
-        *_unpacked_call("    int _status = ", fn, n_buffers, n_symbols),
+        f"    int _status = {unpacking}(_buffers, {f'_steps + _i * {n_symbols}' if n_symbols else '_steps'});",
         "    if (_status) {",
         "      *_failed_step = _i;",
         "      return _status;",
@@ -219,7 +222,7 @@ HIDDEN = '__attribute__((visibility("hidden")))'
 """How a helper function compiled in its own translation unit is declared instead of ``static``:
 seen by the library's other units, never exported, so no other library's symbol takes its place."""
 _HELPER_START = re.compile(rf"^static (?={NEST_FN} |{TILE_FN} )", re.MULTILINE)
-_ROUTINE_START = re.compile(r"^static int \w+\($", re.MULTILINE)
+_ROUTINE_START = re.compile(rf"^static (?:{CALLS_FN} )?int \w+\($", re.MULTILINE)
 
 
 def translation_units(text: str, count: int) -> list[str]:

@@ -3,18 +3,22 @@
 A deep network repeats its layers, so a training routine's helper functions (``target.py``: one
 per top-level loop nest or contraction) come in families that differ only in the names of the
 buffers they are passed, of their loop indices (``i<k>``, ``_i<k>``) and locals (``v<k>``), both
-numbered across the routine, and in the numbers of their runtime checks (the ``site`` argument
-of ``ocannl_fail``, ``ocannl_index``, ...). The C compiler's time is about linear in the text
+numbered across the routine, in the numbers of their runtime checks (the ``site`` argument
+of ``ocannl_fail``, ``ocannl_index``, ...), and in the keys of their random numbers (the
+``uint4x32_t`` literals a parameter's initialization passes to Threefry: the same init code per
+layer, a key each). The C compiler's time is about linear in the text
 it optimizes, so compiling each family once makes a deep network cost little more than a
 shallow one.
 
 Two helpers are the same function when their texts, comments aside, agree after renaming their
-parameters and their numbered names in order of first appearance, and their check numbers too:
+parameters and their numbered names in order of first appearance, and their check numbers and
+keys too:
 every renamed name is declared in the function (a parameter, a loop index, a local), so equal
 texts compute the same thing from the same arguments. The first helper of a family is kept as
 printed, and the calls of the others call it with their arguments in its parameter order. When
 the members' check numbers differ, the kept helper takes them as parameters ``_site<k>``, so a
-failed check still reports its own site. A source without families is left unchanged.
+failed check still reports its own site; when their keys differ, it takes them as parameters
+``_key<k>``. A source without families is left unchanged.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ _SITE = re.compile(r"_status, (\d+)\b")
 """A check's number, the argument after the status cell (``ocannl_fail(_status, 3)``), where
 :func:`_is_site` says the match is not the end of a longer name. (A leading ``\b`` would say it,
 but would cost re its scan for the literal ``_status``: every helper's text is searched.)"""
+_KEY = re.compile(r"\(\(uint4x32_t\)\{\{\d+u, \d+u, \d+u, \d+u\}\}\)")
+"""A ``uint4x32_t`` literal (``ocannl/backends/c_family.py``, ``literal``): a Threefry key."""
 _COMMENT = re.compile(r"/\*.*?\*/", re.DOTALL)
 _CALL = re.compile(r"(\s*)(\w+)\((.*)\);\Z")
 
@@ -46,6 +52,8 @@ class _Helper:
     """The parameters' names, in the printed order; the last is the status cell."""
     sites: tuple[int, ...]
     """Its check numbers, in order of first appearance."""
+    keys: tuple[str, ...]
+    """Its :data:`_KEY` literals, in order of first appearance."""
     key: str
     """Its text with comments dropped and its own names and check numbers renumbered."""
     canonical: dict[str, int]
@@ -77,6 +85,8 @@ def _parse(lines: list[str], helpers: dict[str, _Helper], family: dict[str, int]
 
     text = _SITE.sub(renumber, text)
     sites = tuple(renumbered)
+    keys: dict[str, int] = {}  # a key's literal -> its number in the key, by first appearance
+    text = _KEY.sub(lambda m: f"@k{keys.setdefault(m.group(0), len(keys))}", text)
     pieces = _IDENTIFIER.split(text)  # what is between the names, then a name, and so on
     names = pieces[1::2]
     own, order = set(params), {}
@@ -87,7 +97,7 @@ def _parse(lines: list[str], helpers: dict[str, _Helper], family: dict[str, int]
     # The text with a mark where each name stands, then the names renamed: one pass of re.
     key = "\n".join([lines[0][: match.start(1)], *signature, "$".join(pieces[0::2]),
                      " ".join([order.get(n, n) for n in names])])
-    return _Helper(lines, match.group(1), params, sites, key, {p: int(order[p][1:]) for p in params})
+    return _Helper(lines, match.group(1), params, sites, tuple(keys), key, {p: int(order[p][1:]) for p in params})
 
 
 def _is_site(m: re.Match) -> bool:
@@ -98,13 +108,13 @@ def _is_site(m: re.Match) -> bool:
 
 def _canonical_call(line: str, helpers: dict[str, _Helper], family: dict[str, int]) -> str:
     """``line``, a call of an earlier helper written as a call of its family, for keys: the
-    arguments in the renumbered order, then the callee's check numbers."""
+    arguments in the renumbered order, then the callee's check numbers and Threefry keys."""
     match = _CALL.match(line)
     callee = helpers.get(match.group(2)) if match else None
     if callee is None:
         return line
     args, sites = callee.canonical_args(match.group(3).split(", ")), " ".join(map(str, callee.sites))
-    return f"{match.group(1)}@f{family[callee.name]}({', '.join(args)}; sites {sites});"
+    return f"{match.group(1)}@f{family[callee.name]}({', '.join(args)}; sites {sites}; keys {' '.join(callee.keys)});"
 
 
 def share_identical_helpers(functions: list[list[str]], body: list[str]) -> tuple[list[list[str]], list[str]]:
@@ -121,17 +131,18 @@ def share_identical_helpers(functions: list[list[str]], body: list[str]) -> tupl
             family[helper.name] = number.setdefault(helper.key, len(number))
             families.setdefault(helper.key, []).append(helper)
             helpers[helper.name] = helper
-    calls: dict[str, tuple[str, list[int], tuple[int, ...] | None]] = {}
+    calls: dict[str, tuple[str, list[int], list[str]]] = {}
     """A helper's name -> the kept one's, per its parameter the argument to pass, and the check
-    numbers to pass (``None``: the kept one has its own)."""
+    numbers and keys to pass before the status cell (none: the kept one has its own)."""
     kept: dict[str, list[str]] = {}
     for first, *others in (m for m in families.values() if len(m) > 1):
         by_site = any(m.sites != first.sites for m in others)
-        kept[first.name] = _with_site_params(first) if by_site else first.lines
+        by_key = any(m.keys != first.keys for m in others)
+        kept[first.name] = _with_constant_params(first, by_site, by_key)
         for m in [first, *others]:
             position = {m.canonical[p]: k for k, p in enumerate(m.params)}
-            calls[m.name] = (first.name, [position[first.canonical[p]] for p in first.params],
-                             m.sites if by_site else None)
+            constants = [*map(str, m.sites if by_site else ()), *(m.keys if by_key else ())]
+            calls[m.name] = (first.name, [position[first.canonical[p]] for p in first.params], constants)
     if not calls:
         return functions, body
     out = []
@@ -145,30 +156,37 @@ def share_identical_helpers(functions: list[list[str]], body: list[str]) -> tupl
     return out, _redirect(body, calls)
 
 
-def _with_site_params(helper: _Helper) -> list[str]:
-    """``helper``'s lines taking its check numbers as parameters ``int _site<k>``, before the
-    status cell."""
+def _with_constant_params(helper: _Helper, sites: bool, keys: bool) -> list[str]:
+    """``helper``'s lines taking its check numbers (``sites``) as parameters ``int _site<k>``
+    and its Threefry keys (``keys``) as parameters ``uint4x32_t _key<k>``, before the status
+    cell."""
+    if not (sites or keys):
+        return helper.lines
     end = 1 + len(helper.params)
     def site(m: re.Match) -> str:  # a number quoted in a comment stays
         n = int(m.group(1))
         return f"_status, _site{helper.sites.index(n)}" if _is_site(m) and n in helper.sites else m.group(0)
 
-    body = [_SITE.sub(site, line) for line in helper.lines[end:]]
-    params = [f"    int _site{k}," for k in range(len(helper.sites))]
+    body = helper.lines[end:]
+    if sites:
+        body = [_SITE.sub(site, line) for line in body]
+    if keys:
+        body = [_KEY.sub(lambda m: f"_key{helper.keys.index(m.group(0))}", line) for line in body]
+    params = [f"    int _site{k}," for k in range(len(helper.sites) if sites else 0)]
+    params += [f"    uint4x32_t _key{k}," for k in range(len(helper.keys) if keys else 0)]
     return helper.lines[: end - 1] + params + [helper.lines[end - 1]] + body
 
 
-def _redirect(lines: list[str], calls: dict[str, tuple[str, list[int], tuple[int, ...] | None]]) -> list[str]:
+def _redirect(lines: list[str], calls: dict[str, tuple[str, list[int], list[str]]]) -> list[str]:
     """``lines`` with each call of a helper of a family calling the family's kept helper."""
     result = []
     for line in lines:
         match = _CALL.match(line)
         if match and match.group(2) in calls:
-            name, order, sites = calls[match.group(2)]
+            name, order, constants = calls[match.group(2)]
             args = match.group(3).split(", ")
             args = [args[k] for k in order]
-            if sites is not None:
-                args[-1:-1] = [str(s) for s in sites]
+            args[-1:-1] = constants
             line = f"{match.group(1)}{name}({', '.join(args)});"
         result.append(line)
     return result

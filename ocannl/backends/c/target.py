@@ -44,6 +44,15 @@ TILE_FN_DEFINITION = (
     "#else\n#define OCANNL_TILE_FN\n#endif"
 )
 
+CALLS_FN = "OCANNL_CALLS_FN"
+CALLS_FN_DEFINITION = (
+    "/* A routine run in parts only calls them: alias analysis has nothing to find in it, and */\n"
+    "/* GCC's points-to analysis of a function of a thousand restrict pointers is slow. */\n"
+    "#if defined(__GNUC__) && !defined(__clang__)\n"
+    "#define OCANNL_CALLS_FN __attribute__((optimize(\"no-tree-pta\")))\n"
+    "#else\n#define OCANNL_CALLS_FN\n#endif"
+)
+
 
 def _function(macro: str, name: str, params: list[str], body: list[str]) -> list[str]:
     """The lines of the helper function ``name``, marked with ``macro`` (:data:`NEST_FN`,
@@ -70,6 +79,8 @@ class CTarget:
         self.types: list[list[str]] = []
         self._gemm_kernels: set[MicroKernel] = set()
         self._vector_lanes: set[int] = set()
+        self.in_parts = False
+        """After :meth:`body`: the body only calls its parts' helper functions."""
 
     def body(self, emitter: Emitter, around: Callable[[int], tuple[str, str]] | None = None) -> list[str]:
         """The lines of the routine's body (indented one level): calls of helper functions
@@ -93,6 +104,7 @@ class CTarget:
         elif len(top) <= PART_STATEMENTS or any(isinstance(s, DeclareLocal) for s in top):
             self.statements(emitter, top)
         else:  # no local crosses a part: each top-level statement declares its own
+            self.in_parts = True
             for k in range(0, len(top), PART_STATEMENTS):
                 part = top[k : k + PART_STATEMENTS]
                 self.helper(emitter, "part", seq(*part), lambda part=part: self.statements(emitter, part))
