@@ -261,7 +261,7 @@ def test_every_name_a_c_function_uses_is_reserved_or_generated():
     source = emit_c(RoutineIR("r", body)).text
     code = source[source.index(f"int {function_name('r')}("):]
     code = re.sub(r"/\*.*?\*/|\"[^\"]*\"|^#.*$", "", code, flags=re.M)
-    ours = {"x", "y", "out", "r", f"{function_name('r')}_packed", f"{function_name('r')}_steps"}
+    ours = {"x", "y", "out", "r", *(f"{function_name('r')}_{entry}" for entry in ("packed", "steps", "unpacked"))}
     helpers = rf"{function_name('r')}_(tile|nest|part)\d+"  # the functions of its nests (emit.py)
     for word in set(re.findall(r"(?<![\w.])[A-Za-z_]\w*", code)):
         generated = word.startswith("_") or re.fullmatch(r"[iv]\d+", word) or re.fullmatch(helpers, word)
