@@ -100,6 +100,14 @@ keep beside the sums, AVX-512's registers hold 16 rows. Attention's products (64
 terms) then run as 4 whole tiles instead of 5 and a padded one: the scores of a 16 x 4 batch of
 heads took 287 us instead of 318 (Zen 4, one thread)."""
 
+GEMM_TILES_FEWER_ROWS: dict[int, tuple[int, int]] = {64: (8, 16)}
+"""The tile for a product whose rows it pads less than :data:`GEMM_TILES`' does (chosen then, the
+fewest padded rows winning, :data:`GEMM_TILES_ONE_BLOCK` first on a tie): an edge tile runs
+through a buffer, its padding rows computed for nothing. The large MLP's layers have 128 and
+1024 rows, which 12 divides neither, 8 both. The 1024 product (``bench/gemm.py``, Zen 4) ran at
+80-94 GFLOP/s in 12 x 16 tiles, 85 of them and a padded one down each block, and at 90-100 in
+8 x 16 tiles (numpy 95-104, measured alongside; two threads: 115-152 and 135-162)."""
+
 VECTOR_REGISTERS: dict[int, int] = {64: 32, 32: 16, 16: 16, 0: 16}
 """The vector (or floating-point) registers of a target by the width of its vector registers
 in bytes, as few as x86-64 has (ARM's 32 at 16 bytes are not counted on)."""
@@ -453,10 +461,12 @@ def plan_gemm(plan: ContractionPlan, vector_bytes: int) -> GemmPlan | None:
     rows, cols, outer = (tuple((s, extent[s]) for s in side) for side in (product.rows, product.cols, product.batch))
     n_k = math.prod(n for _, n in k)
     m, n = math.prod(n for _, n in rows), math.prod(n for _, n in cols)
-    mr, nr = GEMM_TILES.get(vector_bytes, GEMM_TILES[0])
-    one_block = GEMM_TILES_ONE_BLOCK.get(vector_bytes)
-    if one_block is not None and (block is None or n_k <= block) and _padded(m, one_block[0]) < _padded(m, mr):
-        mr, nr = one_block
+    tiles = [GEMM_TILES.get(vector_bytes, GEMM_TILES[0])]
+    if vector_bytes in GEMM_TILES_ONE_BLOCK and (block is None or n_k <= block):
+        tiles.append(GEMM_TILES_ONE_BLOCK[vector_bytes])
+    if vector_bytes in GEMM_TILES_FEWER_ROWS:
+        tiles.append(GEMM_TILES_FEWER_ROWS[vector_bytes])
+    mr, nr = min(tiles, key=lambda tile: _padded(m, tile[0]))  # the first of the least padded
     if m < GEMM_MIN_TILES[0] * mr or n < GEMM_MIN_TILES[1] * nr or m * n < GEMM_MIN_REUSE * (m + n):
         return None
     mc, kc, nc = GEMM_BLOCKING  # whole tiles per block, whole summation blocks per panel

@@ -398,11 +398,15 @@ def test_a_factor_computed_from_one_load_is_packed_as_computed():
 
 def test_a_product_of_one_block_of_terms_takes_the_tile_that_pads_its_rows_least():
     """64 rows of 32 terms (an attention product): 4 tiles of 16 rows on AVX-512, not 5 of 12 and
-    a padded one; with blocks of terms (300) the 12-row tile keeps its running totals."""
+    a padded one; with blocks of terms (300) tiles keep their running totals: 8 of 8 rows, and 12
+    rows where those pad less (60 rows, or 36: 8-row tiles would pad 4)."""
     short = plan_gemm(plan_contraction(matmul_nest(64, 32, 64, block=False)[0]), 64)
     assert (short.mr, short.nr) == cpu_schedule.GEMM_TILES_ONE_BLOCK[64] == (16, 16)
     assert plan_gemm(plan_contraction(matmul_nest(60, 32, 64, block=False)[0]), 64).mr == 12, "60 = 5 x 12"
-    assert plan_gemm(plan_contraction(matmul_nest(64, 300, 64)[0]), 64).mr == 12
+    assert plan_gemm(plan_contraction(matmul_nest(64, 300, 64)[0]), 64).mr == 8
+    assert plan_gemm(plan_contraction(matmul_nest(60, 300, 64)[0]), 64).mr == 12
+    assert plan_gemm(plan_contraction(matmul_nest(36, 300, 64)[0]), 64).mr == 12
+    assert (8, 16) == cpu_schedule.GEMM_TILES_FEWER_ROWS[64]
     assert plan_gemm(plan_contraction(matmul_nest(64, 32, 64, block=False)[0]), 32).mr == 6
 
 
@@ -466,7 +470,7 @@ def test_plan_of_a_convolution_is_an_implicit_gemm():
 
 
 def test_plan_gemm_sizes_its_tiles_by_the_vector_width():
-    nest, _, _ = matmul_nest(40, 300, 300)
+    nest, _, _ = matmul_nest(36, 300, 300)  # rows every tile height divides but 8 (and 16)
     plan = plan_contraction(nest)
     for vector_bytes, lanes in ((64, 16), (32, 8), (16, 4), (0, 1)):
         g = plan_gemm(plan, vector_bytes)
