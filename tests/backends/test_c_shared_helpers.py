@@ -148,3 +148,51 @@ def test_a_source_built_as_several_units_computes_the_same(monkeypatch, tmp_path
     assert_runs_like_the_interpreter(routine, {first: np.linspace(-1.0, 1.0, 5)})
     assert built == [4]
     assert len(list((tmp_path / "c").glob("*.so"))) == 1  # one library in the cache
+
+
+def _numbered_per_function(text: str) -> str:
+    """``text`` with loop indices, locals and temporaries renumbered in order of appearance
+    within each function: the numbering a helper not printed leaves to those after it."""
+    def renumbered(chunk: str) -> str:
+        names: dict[str, str] = {}
+        return re.sub(r"\b(_?i|v|_w)(\d+)\b", lambda m: names.setdefault(m.group(0), f"{m.group(1)}#{len(names)}"),
+                      chunk)
+
+    return "\n}\n".join(map(renumbered, text.split("\n}\n")))
+
+
+@needs_cc
+def test_a_nest_of_a_structure_printed_before_is_not_printed_again(monkeypatch):
+    """Statements of one structure (``ocannl/lowlevel/structure.py``: the same code on other
+    buffers) print their helper once, the others calling it: the source is the one printing
+    them all gives once equal helpers are merged, up to the numbers of loop indices, and the
+    walk prints a fraction of the helpers (a 4-layer MLP's training step, its layers equal)."""
+    from ocannl import train
+    from ocannl.backends.c import target
+
+    def source() -> tuple[str, int]:
+        oc.session.reset()
+        oc.seed(1)
+        x = oc.tensor(np.linspace(-1, 1, 8 * 16, dtype=np.float32).reshape(8, 16), label="x", batch=1)
+        h = x
+        for k in range(4):
+            h = oc.relu(oc.param(f"w{k}", output=16, input=16) @ h + oc.param(f"b{k}", output=16, init=0.0))
+        update = train.grad_update((h * h).sum())
+        routine = oc.Context("c").compile(update, train.sgd_update(update, lr=0.1))
+        return routine._executable.source.text, printed[0]
+
+    printed = [0]
+    helper = target.CTarget.helper
+
+    def counting(self, emitter, kind, stmt, print_body, macro=target.NEST_FN):
+        functions = len(self.functions)
+        helper(self, emitter, kind, stmt, print_body, macro)
+        printed[0] += len(self.functions) > functions
+
+    monkeypatch.setattr(target.CTarget, "helper", counting)
+    shared, shared_count = source()
+    printed[0] = 0
+    monkeypatch.setattr(target.CTarget, "_structure", lambda self, *args: None)
+    every, every_count = source()
+    assert _numbered_per_function(shared) == _numbered_per_function(every)
+    assert shared_count < every_count / 2

@@ -14,7 +14,8 @@ contraction is a helper function of its own too.
 
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Hashable
 
 from ocannl.backends.c.gemm import CGemm
 from ocannl.backends.c.tile_printer import TilePrinter
@@ -26,6 +27,7 @@ from ocannl.lowlevel.ir import (
     DeclareLocal, EmbedIndex, Fill, Load, LoadDynamic, Seq, Stmt, Store, StoreDynamic, iter_exprs, iter_stmts, seq,
     stmt_exprs,
 )
+from ocannl.lowlevel.structure import Structure, structure
 from ocannl.lowlevel.tnode import TNode
 
 NEST_FN = "OCANNL_NEST_FN"
@@ -81,6 +83,12 @@ class CTarget:
         self._vector_lanes: set[int] = set()
         self.in_parts = False
         """After :meth:`body`: the body only calls its parts' helper functions."""
+        self._printed: dict[Hashable, _Printed] = {}
+        self._skipped = 0
+        """Helper functions not printed (:meth:`helper`), counted in the numbers of those printed
+        after them: the source is the one printing them all would give once ``shared_helpers.py``
+        has merged them, but for the numbers of loop indices and temporaries first named in a
+        helper not printed."""
 
     def body(self, emitter: Emitter, around: Callable[[int], tuple[str, str]] | None = None) -> list[str]:
         """The lines of the routine's body (indented one level): calls of helper functions
@@ -130,13 +138,41 @@ class CTarget:
     def helper(self, emitter: Emitter, kind: str, stmt: Stmt, print_body: Callable[[], None],
                macro: str = NEST_FN) -> None:
         """Prints a call of a new helper function ``<function>_<kind><k>`` whose body
-        ``print_body`` prints: the code of ``stmt``, which names the parameters."""
+        ``print_body`` prints: the code of ``stmt``, which names the parameters; or a call of the
+        helper printed for a statement of the same structure (:meth:`_structure`), unless printing
+        that one numbered runtime checks (their messages name their statement: such helpers are
+        printed, and ``shared_helpers.py`` passes them their check numbers)."""
+        shape = self._structure(emitter, kind, macro, stmt)
+        printed = self._printed.get(shape.key) if shape is not None else None
+        if printed is not None:
+            args = [*(printed.argument(emitter, shape, k) for k in range(len(printed.inputs))), "_status"]
+            self._skipped += printed.helpers
+            emitter.line(f"{printed.name}({', '.join(args)});")
+            return
+        before = (len(emitter.sites), len(self.functions) + self._skipped)
         with emitter.entering(emitter.scope.replace(out=[], depth=1, declared=set())) as scope:
             print_body()
-        name = f"{emitter.function_name}_{kind}{len(self.functions)}"
-        params, args = self.helper_params(emitter, stmt)
+        name = f"{emitter.function_name}_{kind}{len(self.functions) + self._skipped}"
+        inputs = self.helper_inputs(emitter, stmt)
+        params, args = self.helper_params(emitter, inputs)
         self.functions.append(_function(macro, name, params, scope.out))
         emitter.line(f"{name}({', '.join(args)});")
+        if shape is not None and len(emitter.sites) == before[0]:  # checks name their statement
+            helpers = len(self.functions) + self._skipped - before[1]
+            self._printed[shape.key] = _Printed(name, tuple(_position(shape, x) for x in inputs[:-1]), helpers)
+
+    def _structure(self, emitter: Emitter, kind: str, macro: str, stmt: Stmt) -> Structure | None:
+        """The structure (``ocannl/lowlevel/structure.py``) under which ``stmt``'s helper is
+        printed once: with the kind, the macro, what the walk knows around it and, per node,
+        whether the routine writes it (its pointer is ``const`` if not). ``None`` where the
+        walk prints with values of the code around it (a tile's cell, a local scope)."""
+        scope = emitter.scope
+        if scope.env or scope.scope_values or scope.in_scope:
+            return None
+        shape = structure(stmt, lambda node: node in emitter.written)
+        extents = tuple(scope.extents.get(s) for s in shape.symbols)
+        key = (kind, macro, scope.in_parallel, scope.branchless, extents, shape.key)
+        return Structure(key, shape.nodes, shape.symbols, shape.locals)
 
     def contraction(self, emitter: Emitter, nest: NestPlan) -> None:
         """Prints a contraction as register tiles or a packed GEMM (``nest.contraction``) in a
@@ -171,9 +207,10 @@ class CTarget:
             self._vector_lanes.add(lanes)
             self.types.append(CGemm.vector_types(lanes))
 
-    def helper_params(self, emitter: Emitter, nest: Stmt) -> tuple[list[str], list[str]]:
-        """The parameters of the helper function printing ``nest`` (a contraction or a top-level
-        loop nest): nodes, index symbols, enclosing loop indices; and the arguments passing them."""
+    def helper_inputs(self, emitter: Emitter, nest: Stmt) -> list[TNode | IndexSymbol | Symbol | None]:
+        """What the helper function printing ``nest`` (a contraction or a top-level loop nest)
+        takes, in parameter order: nodes (by name), index symbols (by name), enclosing loop
+        indices, then ``None``, the status cell."""
         nodes: dict[TNode, None] = {}
         symbols: dict[AnySymbol, None] = {}
         for s in iter_stmts(nest):
@@ -189,21 +226,53 @@ class CTarget:
                     symbols.update((x, None) for i in e.indices for x in index_symbols(i))
                 elif isinstance(e, EmbedIndex):
                     symbols.update((x, None) for x in index_symbols(e.index))
-        params, args = [], []
-        for node in sorted(nodes, key=lambda n: emitter.nodes[n]):
-            params.append(pointer_param(emitter, node))
-            args.append(emitter.nodes[node])
         free = [s for s in symbols if isinstance(s, Symbol) and s in emitter.scope.extents]
+        return [*sorted(nodes, key=lambda n: emitter.nodes[n]),
+                *sorted((s for s in symbols if isinstance(s, IndexSymbol)), key=lambda s: s.name), *free, None]
+
+    def helper_params(self, emitter: Emitter, inputs: list[TNode | IndexSymbol | Symbol | None]
+                      ) -> tuple[list[str], list[str]]:
+        """The parameters of a helper function taking ``inputs`` (:meth:`helper_inputs`), and the
+        arguments passing them."""
         index_type = emitter.syntax.index_type
-        for s in sorted((s for s in symbols if isinstance(s, IndexSymbol)), key=lambda s: s.name):
-            params.append(f"{index_type} {emitter.symbols[s]}")
-            args.append(emitter.symbols[s])
-        for s in free:
-            params.append(f"{index_type} {emitter.namer.symbol(s)}")
-            args.append(emitter.namer.symbol(s))
-        params.append("int *_status")
-        args.append("_status")
-        return params, args
+        params = [pointer_param(emitter, x) if isinstance(x, TNode) else "int *_status" if x is None
+                  else f"{index_type} {_argument(emitter, x)}" for x in inputs]
+        return params, [_argument(emitter, x) for x in inputs]
+
+
+def _argument(emitter: Emitter, x: TNode | IndexSymbol | Symbol | None) -> str:
+    """How the body passes ``x`` (:meth:`CTarget.helper_inputs`) to a helper function."""
+    if isinstance(x, TNode):
+        return emitter.nodes[x]
+    if isinstance(x, IndexSymbol):
+        return emitter.symbols[x]
+    return "_status" if x is None else emitter.namer.symbol(x)
+
+
+def _position(shape: Structure, x: TNode | IndexSymbol | Symbol) -> tuple[str, object]:
+    """Where ``x`` stands in ``shape``: a node or loop symbol by its number, an index symbol as
+    itself (one of the routine's, equal in every statement of the same structure)."""
+    if isinstance(x, TNode):
+        return "node", shape.nodes.index(x)
+    if isinstance(x, Symbol):
+        return "symbol", shape.symbols.index(x)
+    return "index", x
+
+
+@dataclass(frozen=True)
+class _Printed:
+    """A helper function printed for a structure: its ``name``, its inputs but the status cell
+    (:func:`_position`), and the helper functions printing it made (itself and those it calls)."""
+
+    name: str
+    inputs: tuple[tuple[str, object], ...]
+    helpers: int
+
+    def argument(self, emitter: Emitter, shape: Structure, k: int) -> str:
+        """The argument passing input ``k`` for a statement of structure ``shape``."""
+        kind, at = self.inputs[k]
+        x = shape.nodes[at] if kind == "node" else shape.symbols[at] if kind == "symbol" else at
+        return _argument(emitter, x)
 
 
 def pointer_param(emitter: Emitter, node: TNode) -> str:

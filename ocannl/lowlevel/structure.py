@@ -1,0 +1,87 @@
+"""A statement's structure: the statement up to which nodes, loop symbols and locals it names.
+
+A deep network repeats its layers, so most of a training routine's loop nests come in families
+that differ only in their buffers and in the loop symbols and locals lowering made for each
+(fresh objects, compared by identity). :func:`structure` gives a statement a key that families
+share: the statement's every field, each node replaced by its number in order of first
+appearance and what a printer may read of it (dims, dtype, memory mode, and what the caller
+adds), each symbol and local by its number in order of first appearance. Two statements with
+equal keys print the same code once their nodes, symbols and locals are named: the C target
+prints the helper function of a family once (``ocannl/backends/c/target.py``).
+
+Anything else a statement holds (constants, operators, index symbols, dtypes) is part of the key
+as it is; a float by its bits (``0.0`` and ``-0.0`` differ, as their products do); an object of
+a kind not listed here by its identity, so two statements holding one never share a key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import struct
+from dataclasses import dataclass
+from typing import Callable, Hashable
+
+from ocannl.lowlevel.dtypes import DType
+from ocannl.lowlevel.indexing import IndexSymbol, Symbol
+from ocannl.lowlevel.ir import Local, Stmt
+from ocannl.lowlevel.tnode import TNode
+
+
+@dataclass(frozen=True)
+class Structure:
+    """``key``: the statement's structure (module docstring); ``nodes``, ``symbols``,
+    ``locals``: what it names, each in order of first appearance, the order of their numbers in
+    ``key``."""
+
+    key: Hashable
+    nodes: tuple[TNode, ...]
+    symbols: tuple[Symbol, ...]
+    locals: tuple[Local, ...]
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
+_PLAIN = (int, str, bool, type(None), enum.Enum, DType, IndexSymbol)
+
+
+def structure(stmt: Stmt, node_facts: Callable[[TNode], Hashable] = lambda node: ()) -> Structure:
+    """The :class:`Structure` of ``stmt``; ``node_facts(node)`` adds to each node's entry what the
+    caller's printing reads of it beyond its dims, dtype and memory mode."""
+    nodes: dict[TNode, int] = {}
+    symbols: dict[Symbol, int] = {}
+    locals_: dict[Local, int] = {}
+
+    def walk(x: object) -> Hashable:
+        if isinstance(x, TNode):
+            k = nodes.get(x)
+            if k is not None:
+                return ("node", k)
+            nodes[x] = len(nodes)
+            return ("node", len(nodes) - 1, x.dims, x.dtype, x.memory_mode, node_facts(x))
+        if isinstance(x, Symbol):
+            return ("symbol", symbols.setdefault(x, len(symbols)))
+        if isinstance(x, Local):
+            k = locals_.get(x)
+            if k is not None:
+                return ("local", k)
+            locals_[x] = len(locals_)
+            return ("local", len(locals_) - 1, *(walk(getattr(x, f)) for f in _fields(type(x))))
+        if isinstance(x, float):
+            return ("float", struct.pack("<d", x))
+        if isinstance(x, (tuple, list)):
+            return (type(x).__name__, *map(walk, x))
+        if isinstance(x, _PLAIN):
+            return (type(x).__name__, x)
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            return (type(x).__name__, *(walk(getattr(x, f)) for f in _fields(type(x))))
+        return ("object", id(x))  # kept alive by the statement, so its id is its own
+
+    key = walk(stmt)
+    return Structure(key, tuple(nodes), tuple(symbols), tuple(locals_))
+
+
+def _fields(cls: type) -> tuple[str, ...]:
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
