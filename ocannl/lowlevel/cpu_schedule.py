@@ -461,12 +461,7 @@ def plan_gemm(plan: ContractionPlan, vector_bytes: int) -> GemmPlan | None:
     rows, cols, outer = (tuple((s, extent[s]) for s in side) for side in (product.rows, product.cols, product.batch))
     n_k = math.prod(n for _, n in k)
     m, n = math.prod(n for _, n in rows), math.prod(n for _, n in cols)
-    tiles = [GEMM_TILES.get(vector_bytes, GEMM_TILES[0])]
-    if vector_bytes in GEMM_TILES_ONE_BLOCK and (block is None or n_k <= block):
-        tiles.append(GEMM_TILES_ONE_BLOCK[vector_bytes])
-    if vector_bytes in GEMM_TILES_FEWER_ROWS:
-        tiles.append(GEMM_TILES_FEWER_ROWS[vector_bytes])
-    mr, nr = min(tiles, key=lambda tile: _padded(m, tile[0]))  # the first of the least padded
+    mr, nr = _gemm_tile(m, block is None or n_k <= block, vector_bytes)
     if m < GEMM_MIN_TILES[0] * mr or n < GEMM_MIN_TILES[1] * nr or m * n < GEMM_MIN_REUSE * (m + n):
         return None
     mc, kc, nc = GEMM_BLOCKING  # whole tiles per block, whole summation blocks per panel
@@ -503,6 +498,18 @@ def plan_gemm(plan: ContractionPlan, vector_bytes: int) -> GemmPlan | None:
         a_packing=_packing(_factor_load(product.a), rows, k, kc, {**extent, **dict(k)}),
         b_packing=_packing(_factor_load(product.b), cols, k, kc, {**extent, **dict(k)}),
     )
+
+
+def _gemm_tile(m: int, one_block: bool, vector_bytes: int) -> tuple[int, int]:
+    """The micro-kernel's ``mr x nr`` for ``m`` rows: of :data:`GEMM_TILES`, then
+    :data:`GEMM_TILES_ONE_BLOCK` where each cell sums ``one_block``, then
+    :data:`GEMM_TILES_FEWER_ROWS`, the first that pads the rows least."""
+    tiles = [GEMM_TILES.get(vector_bytes, GEMM_TILES[0])]
+    if vector_bytes in GEMM_TILES_ONE_BLOCK and one_block:
+        tiles.append(GEMM_TILES_ONE_BLOCK[vector_bytes])
+    if vector_bytes in GEMM_TILES_FEWER_ROWS:
+        tiles.append(GEMM_TILES_FEWER_ROWS[vector_bytes])
+    return min(tiles, key=lambda tile: _padded(m, tile[0]))
 
 
 def _padded(m: int, mr: int) -> int:
