@@ -272,6 +272,19 @@ def test_bits_do_not_depend_on_the_thread_count(tmp_path, threads):
 
 
 @needs_c
+def test_a_batch_of_products_is_shared_out_by_product_first(packed_from_one):
+    """64 products (attention's heads) give each thread units of whole products, each packing
+    its operands once; 3 products on 2 threads still split each in two (the bits: above)."""
+    def batched(count: int):
+        return lambda: oc.einsum("b|i->o; b|j->i => b|j->o",
+                                 oc.tensor(np.ones((count, 64, 32), np.float32), batch=1, input=1),
+                                 oc.tensor(np.ones((count, 32, 64), np.float32), batch=1, input=1))
+
+    assert "_u = (2*_nt + 63) / 64; _r <= _u" in c_source(batched(64))
+    assert "_u = (2*_nt + 2) / 3; _r <= _u" in c_source(batched(3))
+
+
+@needs_c
 @pytest.mark.parametrize("isa,kernel", [
     ("portable", "_f32_"),
     *(pytest.param(isa, kernel, marks=pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),
