@@ -31,6 +31,12 @@ class Executable(Protocol):
       ``run()`` then stores its bindings in ``values`` and calls ``invoke``, no mapping built.
     - ``run_many(buffers, symbols, steps, records) -> outputs``: the contract of
       :func:`~ocannl.backends.routine.run_steps`, in one native call.
+
+    And one optional attribute: ``stops_at_failure`` (true), when a run that fails a check runs
+    no statement after the routine's last check (:func:`~ocannl.lowlevel.analysis.last_check`;
+    the interpreter raises at once, the C code returns there): a failed run then restores only
+    the buffers written up to it. Without it, a failed run may have written every buffer the
+    routine writes, and restores them all.
     """
 
     def run(self, buffers: Mapping[TNode, Any], bindings: Mapping[IndexSymbol, int]) -> None: ...

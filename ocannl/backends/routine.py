@@ -59,7 +59,7 @@ class Routine:
         self._inlined: frozenset[TNode] = frozenset()
         """Nodes this routine computes inline (virtualized): they get no buffer."""
         self._nodes = tuple(dict.fromkeys(ir.reads + ir.writes))
-        self._guarded = writes_before_failure(ir.body)
+        self._guarded = writes_before_failure(ir.body, getattr(executable, "stops_at_failure", False))
         """The buffers a failed run restores (none when no run can fail)."""
         self._lock = context._lock
         self._context_ref = weakref.ref(context)

@@ -59,6 +59,7 @@ from ocannl.lowlevel.ir import (
     iter_exprs,
     iter_stmts,
     stmt_exprs,
+    unconditional_exprs,
 )
 from ocannl.lowlevel.scalar_ops import Binop, Unop
 from ocannl.lowlevel.tnode import TNode
@@ -349,24 +350,85 @@ def loop_chain(stmt: Stmt) -> tuple[list[For], Stmt]:
 # Run-time checks
 
 
-def can_fail(stmt: Stmt, extents: Mapping[AnySymbol, int] | None = None) -> bool:
+@dataclass(frozen=True)
+class CheckedPositions:
+    """What a run that got past a statement knows of the ``oc.take`` positions it checked: every
+    value of ``node`` in the slice ``pattern`` lies in ``[0, bound)``. ``pattern`` has, per axis
+    of ``node``, ``None`` (the whole axis) or the axis's fixed index (a :class:`Fixed` or a static
+    index symbol's :class:`Iter`: one value in a run)."""
+
+    node: TNode
+    pattern: tuple[AxisIndex | None, ...]
+    bound: int
+
+    def covers(self, position: Expr, bound: int) -> bool:
+        """Whether a position read as ``position`` within ``[0, bound)`` is one checked here."""
+        pattern = _position_pattern(position, None)
+        return (pattern is not None and pattern[0] is self.node and bound >= self.bound
+                and all(p is None or p == q for p, q in zip(self.pattern, pattern[1])))
+
+
+def _position_pattern(position: Expr, extents: Mapping[AnySymbol, int] | None
+                      ) -> tuple[TNode, tuple[AxisIndex | None, ...]] | None:
+    """The node and slice pattern of a position read straight from a node (:class:`CheckedPositions`):
+    with ``extents``, the slice the loops of ``extents`` read whole (an axis whose loop index
+    runs over all of it); without, the slice a read of any cells of the other axes falls in."""
+    if not isinstance(position, Load) or position.oob_value is not None:
+        return None
+    pattern: list[AxisIndex | None] = []
+    for index, dim in zip(position.indices, position.tnode.dims):
+        if isinstance(index, Fixed) or (isinstance(index, Iter) and isinstance(index.symbol, IndexSymbol)):
+            pattern.append(index)
+        elif extents is None or (isinstance(index, Iter) and extents.get(index.symbol) == dim):
+            pattern.append(None)
+        else:
+            return None
+    return position.tnode, tuple(pattern)
+
+
+def checked_positions(stmt: Stmt) -> list[CheckedPositions]:
+    """The positions a run that got past ``stmt`` has checked: those of its ``oc.take`` accesses
+    that every iteration makes (a perfect nest of loops around one store, the access not under a
+    ``where``), each read from a node whose slice the loops cover whole."""
+    loops, body = loop_chain(stmt)
+    if not isinstance(body, (Store, StoreDynamic)):
+        return []
+    extents = {f.symbol: f.extent for f in loops}
+    dynamic: list[LoadDynamic | StoreDynamic] = [body] if isinstance(body, StoreDynamic) else []
+    dynamic += [e for root in stmt_exprs(body) for e in unconditional_exprs(root) if isinstance(e, LoadDynamic)]
+    facts = []
+    for access in dynamic:
+        pattern = _position_pattern(access.position, extents)
+        if pattern is not None:
+            facts.append(CheckedPositions(pattern[0], pattern[1], access.tnode.dims[access.axis]))
+    return facts
+
+
+def can_fail(stmt: Stmt, extents: Mapping[AnySymbol, int] | None = None,
+             checked: Iterable[CheckedPositions] = ()) -> bool:
     """Whether running ``stmt`` (inside loops of ``extents``) can stop on a failed run-time
     check: an access with no defined outcome outside its buffer whose indices are not provably
-    inside (an index symbol without a size, an ``oc.take`` position), or an integer division or
-    remainder by a divisor that may be 0. The checks every backend makes are these (the
-    interpreter, codegen.py's sites, Triton's error flag): a routine that cannot fail needs no
-    protection against a run stopped halfway (docs/semantics.md, "Failed runs")."""
+    inside (an index symbol without a size, an ``oc.take`` position not among ``checked``), or an
+    integer division or remainder by a divisor that may be 0. The checks every backend makes are
+    these (the interpreter, codegen.py's sites, Triton's error flag): a routine that cannot fail
+    needs no protection against a run stopped halfway (docs/semantics.md, "Failed runs")."""
     extents = {} if extents is None else extents
+    checked = tuple(checked)
+
+    def unchecked(access: LoadDynamic | StoreDynamic) -> bool:
+        bound = access.tnode.dims[access.axis]
+        return not any(fact.covers(access.position, bound) for fact in checked)
+
     if isinstance(stmt, For):
-        return can_fail(stmt.body, {**extents, stmt.symbol: stmt.extent})
+        return can_fail(stmt.body, {**extents, stmt.symbol: stmt.extent}, checked)
     if isinstance(stmt, Seq):
-        return any(can_fail(s, extents) for s in stmt.stmts)
-    if isinstance(stmt, StoreDynamic) or (isinstance(stmt, Store) and not stmt.skip_oob and
-                                          not cell_provably_within(stmt.indices, stmt.tnode.dims, extents)):
+        return any(can_fail(s, extents, checked) for s in stmt.stmts)
+    if (isinstance(stmt, StoreDynamic) and unchecked(stmt)) or (
+            isinstance(stmt, Store) and not stmt.skip_oob and not cell_provably_within(stmt.indices, stmt.tnode.dims, extents)):
         return True
     for e in stmt_exprs(stmt):
         for sub in iter_exprs(e):
-            if isinstance(sub, LoadDynamic):
+            if isinstance(sub, LoadDynamic) and unchecked(sub):
                 return True
             if isinstance(sub, Load) and sub.oob_value is None:
                 if not cell_provably_within(sub.indices, sub.tnode.dims, extents):
@@ -374,16 +436,40 @@ def can_fail(stmt: Stmt, extents: Mapping[AnySymbol, int] | None = None) -> bool
             elif isinstance(sub, Binary) and sub.op in (Binop.DIV, Binop.MOD) and not sub.dtype.is_float:
                 if not (isinstance(sub.b, Const) and sub.b.value != 0):
                     return True
-            elif isinstance(sub, LocalScope) and can_fail(sub.body, extents):
+            elif isinstance(sub, LocalScope) and can_fail(sub.body, extents, checked):
                 return True
     return False
 
 
-def writes_before_failure(body: Stmt) -> tuple[TNode, ...]:
-    """The nodes a failed run of ``body`` (a routine's) may have written: those written by its
-    statements up to the last one that :func:`can_fail`, in order of first write; none when no
-    statement can fail. The statements after it (an optimizer's updates after the gradients,
-    typically) cannot have run."""
-    stmts = body.stmts if isinstance(body, Seq) else (body,)
-    last = max((k for k, s in enumerate(stmts) if can_fail(s)), default=-1)
-    return tuple(dict.fromkeys(a.node for s in stmts[:last + 1] for a in accesses(s, fills=True) if a.write))
+def last_check(stmts: tuple[Stmt, ...] | list[Stmt]) -> int:
+    """The index of the last of a routine's top-level statements that :func:`can_fail`, -1 for
+    none, counting as checked the ``oc.take`` positions earlier statements checked
+    (:func:`checked_positions`) from nodes no statement wrote since: a training step's embedding
+    gradient scatters by the token ids its forward gather checked, so only the gather can fail."""
+    checked: list[CheckedPositions] = []
+    last = -1
+    for k, s in enumerate(stmts):
+        if can_fail(s, checked=checked):
+            last = k
+        written = {a.node for a in accesses(s, fills=True) if a.write}
+        checked = [fact for fact in checked if fact.node not in written] + checked_positions(s)
+    return last
+
+
+def routine_statements(body: Stmt) -> tuple[Stmt, ...]:
+    """The top-level statements of a routine's ``body``."""
+    return body.stmts if isinstance(body, Seq) else (body,)
+
+
+def writes_before_failure(body: Stmt, stops_at_failure: bool = True) -> tuple[TNode, ...]:
+    """The nodes a failed run of ``body`` (a routine's) may have written, in order of first write;
+    none when no statement can fail. A backend that ``stops_at_failure`` (the interpreter raises,
+    the C code returns after the :func:`last_check`) runs the statements up to the last one that
+    can fail, not those after (an optimizer's updates after the gradients, typically); one that
+    runs on to the end may have written every node the routine writes."""
+    stmts = routine_statements(body)
+    last = last_check(stmts)
+    if last < 0:
+        return ()
+    ran = stmts[:last + 1] if stops_at_failure else stmts
+    return tuple(dict.fromkeys(a.node for s in ran for a in accesses(s, fills=True) if a.write))

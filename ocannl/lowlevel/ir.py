@@ -424,6 +424,24 @@ def iter_exprs(e: Expr) -> Iterator[Expr]:
                 stack.extend((c, b, a))
 
 
+def unconditional_exprs(e: Expr) -> Iterator[Expr]:
+    """``e`` and the sub-expressions evaluated whenever ``e`` is (not a branch of a ``where``, not
+    a local scope's body), pre-order."""
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        yield x
+        match x:
+            case Ternary(op=Ternop.WHERE, a=a):
+                stack.append(a)
+            case Unary(x=y) | Cast(x=y) | LoadDynamic(position=y):
+                stack.append(y)
+            case Binary(a=a, b=b):
+                stack.extend((b, a))
+            case Ternary(a=a, b=b, c=c):
+                stack.extend((c, b, a))
+
+
 def total_over_executions(stmt: Stmt, weight: Callable[[Stmt], int]) -> int:
     """``weight(s)`` summed over every execution of every statement ``s`` of ``stmt`` that is
     neither a loop nor a sequence (a loop repeats its body's total ``extent`` times). With a

@@ -56,7 +56,7 @@ import bisect
 import functools
 import math
 from dataclasses import dataclass, field, fields, is_dataclass, replace
-from typing import Any, Collection, Iterable, Iterator
+from typing import Any, Collection, Iterable
 
 import numpy as np
 
@@ -70,7 +70,7 @@ from ocannl.lowlevel.indexing import Affine, AnySymbol, AxisIndex, Fixed, IndexS
 from ocannl.lowlevel.ir import (
     Binary, Cast, Comment, Const, DeclareLocal, EmbedIndex, Expr, Fill, For, GetLocal, Load, LoadDynamic, Local,
     LocalScope, RoutineIR, Seq, SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary, iter_exprs, iter_stmts,
-    nesting, seq, stmt_exprs,
+    nesting, seq, stmt_exprs, unconditional_exprs,
 )
 from ocannl.lowlevel.op_semantics import fold_binary, fold_unary
 from ocannl.lowlevel.overwrite import fold_fills, forward_stores
@@ -733,7 +733,7 @@ def _local_uses(e: Expr, local: Local) -> int:
 
 def _unconditional_local(e: Expr, local: Local) -> bool:
     """Whether ``local`` is read in ``e`` outside conditional branches and local scopes."""
-    return any(isinstance(x, GetLocal) and x.local is local for x in _unconditional(e))
+    return any(isinstance(x, GetLocal) and x.local is local for x in unconditional_exprs(e))
 
 
 class _ReplaceLocal(Rewriter):
@@ -871,7 +871,7 @@ class _CSE(Rewriter):
             if not isinstance(s, (Store, StoreDynamic, SetLocal)):
                 continue
             for root in stmt_exprs(s):
-                for sub in _unconditional(root):
+                for sub in unconditional_exprs(root):
                     if _worth_caching(sub):
                         occurrences.setdefault(keys.key(sub), []).append((position, sub))
         candidates = sorted(
@@ -904,19 +904,6 @@ class _CSE(Rewriter):
             if nodes_written(s) & reads or locals_written(s) & free:
                 return False
         return True
-
-
-def _unconditional(e: Expr) -> Iterator[Expr]:
-    """``e`` and the sub-expressions evaluated whenever ``e`` is (not a ``where`` branch, not a
-    local scope's body), pre-order."""
-    stack = [e]
-    while stack:
-        x = stack.pop()
-        yield x
-        if isinstance(x, Ternary) and x.op is Ternop.WHERE:
-            stack.append(x.a)
-        else:
-            stack.extend(reversed(_child_exprs(x)))
 
 
 def _worth_caching(e: Expr) -> bool:

@@ -64,11 +64,10 @@ from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.analysis import accesses, all_exprs, all_stmts, loop_chain, nodes_written, substitute_index
 from ocannl.lowlevel.indexing import Affine, AxisIndex, Fixed, Iter, Symbol
 from ocannl.lowlevel.ir import (
-    Binary, Cast, Expr, Fill, For, GetLocal, Load, LoadDynamic, Local, LocalScope, RoutineIR, Seq,
-    SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary, iter_stmts, loop, seq,
+    Binary, Expr, Fill, For, GetLocal, Load, LoadDynamic, Local, LocalScope, RoutineIR, Seq, SetLocal, Stmt,
+    Store, StoreDynamic, iter_stmts, loop, seq, unconditional_exprs,
 )
 from ocannl.lowlevel.rewrite import Rewriter
-from ocannl.lowlevel.scalar_ops import Ternop
 from ocannl.lowlevel.schedule import update_of
 from ocannl.lowlevel.tnode import TNode
 
@@ -391,18 +390,4 @@ def _compute_typed(node: TNode) -> bool:
 def _read_unconditionally(e: Expr, node: TNode) -> bool:
     """Whether a read of ``node`` in ``e`` is evaluated whenever ``e`` is: not in a branch of a
     ``where``, not in a local scope."""
-    stack = [e]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, Load) and x.tnode is node:
-            return True
-        match x:
-            case Ternary(op=Ternop.WHERE, a=a):
-                stack.append(a)
-            case Ternary(a=a, b=b, c=c):
-                stack.extend((a, b, c))
-            case Binary(a=a, b=b):
-                stack.extend((a, b))
-            case Unary(x=y) | Cast(x=y) | LoadDynamic(position=y):
-                stack.append(y)
-    return False
+    return any(isinstance(x, Load) and x.tnode is node for x in unconditional_exprs(e))

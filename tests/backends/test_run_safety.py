@@ -63,6 +63,46 @@ def test_a_failed_gather_leaves_its_destination_as_it_was(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_failed_run_leaves_what_follows_its_last_check_as_it_was(backend):
+    """Compiled code went on past a failed check: a statement after the routine's last one ran
+    and kept what it stored (``other`` became 2). On the C backend the routine now returns there,
+    elsewhere the failed run's copies cover every buffer it writes."""
+    ctx = oc.Context(backend)
+    ids = oc.tensor(np.array([1, 3]), label="ids")
+    rows = oc.tensor(np.zeros((2, 3), np.float32), label="rows")
+    other = oc.tensor(np.zeros(5, np.float32), label="other")
+    routine = ctx.compile(oc.cd.assign(rows, "=:", oc.take(oc.tensor(TABLE, label="table"), ids)),
+                          oc.cd.assign(other, "=:", other + 1.0))
+    routine.run()
+    ctx.set(ids, np.array([1, 9]))
+    with pytest.raises(OutOfBoundsError):
+        routine.run()
+    np.testing.assert_array_equal(ctx.get(other), np.ones(5, np.float32))
+    np.testing.assert_array_equal(ctx.get(rows), TABLE[[1, 3]])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_training_step_with_bad_token_ids_changes_nothing(backend):
+    """An embedding's gather checks the ids and the gradient's scatter-add reuses them, so only
+    the gather can fail (``analysis.last_check``): a failed step leaves the table, its gradient
+    and every other tensor as they were, and a good step then trains as before."""
+    ctx = oc.Context(backend)
+    ids = oc.tensor(np.array([2, 0, 3]), label="ids")
+    emb = oc.param("emb", output=(4, 3), init=TABLE)
+    update = train.grad_update(oc.take(emb, ids).relu().sum())
+    routine = ctx.compile(update, train.sgd_update(update, lr=0.5))
+    routine.run()
+    before = ctx.get(emb.value).copy(), ctx.get(emb.grad).copy(), float(ctx.get(update.loss))
+    ctx.set(ids, np.array([2, 4, 3]))
+    with pytest.raises(OutOfBoundsError):
+        routine.run()
+    after = ctx.get(emb.value), ctx.get(emb.grad), float(ctx.get(update.loss))
+    np.testing.assert_array_equal(after[0], before[0])
+    np.testing.assert_array_equal(after[1], before[1])
+    assert after[2] == before[2]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_failed_step_of_run_many_keeps_the_steps_before_it_only(backend):
     ctx, routine, count, total = _failing_step(backend)
     with pytest.raises(OutOfBoundsError, match="at step 2 of run_many"):
@@ -91,8 +131,9 @@ def test_an_integer_division_by_zero_leaves_every_tensor_as_it_was(backend):
 
 def test_runs_copy_only_what_a_failure_may_have_written():
     """A training step whose symbols all have a size cannot fail: it runs as it is. One that
-    gathers rows copies what its statements write up to its last check (the scatter-add of the
-    gradient), not the parameters the optimizer updates after it."""
+    gathers rows copies what its statements write up to its last check: the gather, since the
+    scatter-add of the gradient reads the positions the gather checked, from a node nothing wrote
+    since; not the gradient nor the parameters the optimizer updates after it."""
     ctx = oc.Context("interp")
     batch = oc.IndexSymbol("batch", 4)
     w = oc.param("w", output=3, init=1.0)
@@ -101,7 +142,7 @@ def test_runs_copy_only_what_a_failure_may_have_written():
     emb = oc.param("emb", output=(4, 3), init=1.0)
     update = train.grad_update(oc.take(emb, oc.tensor(np.array([2, 0]), label="ids")).relu().sum())
     guarded = ctx.compile(update, train.sgd_update(update))._guarded
-    assert emb.grad in guarded and emb.value not in guarded
+    assert guarded and emb.grad not in guarded and emb.value not in guarded
     _, routine, count, total = _failing_step("interp")
     assert routine._guarded == (count.value, total.value)
 

@@ -6,10 +6,10 @@ from ocannl.lowlevel.indexing import Affine, Fixed, IndexSymbol, Iter, Symbol
 from ocannl.lowlevel.analysis import all_exprs, all_stmts, under_constant_arithmetic
 from ocannl.lowlevel.ir import (
     Binary, Cast, Const, DeclareLocal, EmbedIndex, Fill, GetLocal, Load, LoadDynamic, Local, LocalScope, SetLocal,
-    Store, StoreDynamic, Unary, iter_exprs, loop, seq,
+    Store, StoreDynamic, Ternary, Unary, iter_exprs, loop, seq,
 )
 from ocannl.lowlevel import dtypes
-from ocannl.lowlevel.scalar_ops import Binop, Unop
+from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
 from ocannl.lowlevel.tnode import TNode
 
 
@@ -173,6 +173,38 @@ def test_can_fail_names_the_checks_a_run_makes():
     zero = Const(0, dtypes.int32)
     assert an.writes_before_failure(seq(Fill(q, zero), failing, Fill(a, zero))) == (q, x)
     assert an.writes_before_failure(seq(Fill(q, zero), Fill(a, zero))) == ()
+    assert an.writes_before_failure(seq(Fill(q, zero), failing, Fill(a, zero)), stops_at_failure=False) == (q, x, a)
+
+
+def test_positions_a_gather_checked_need_no_second_check():
+    """``y[i] := table[ids[batch, i]]`` checks every id of the batch's row (its loop covers the
+    row, the gather runs at every iteration): a scatter by the same ids after it cannot fail,
+    unless something wrote ``ids`` in between, its loop read only part of them, the gather sat
+    in a ``where`` branch, or the scatter's table is shorter."""
+    i, j = Symbol(), Symbol()
+    batch = IndexSymbol("batch", 2)
+    table, grad, short = TNode("table", (5, 3)), TNode("grad", (5, 3)), TNode("short", (4, 3))
+    ids, y, g = TNode("ids", (2, 4), dtypes.int32), TNode("y", (4, 3)), TNode("g", (4, 3))
+
+    def position(k):
+        return Load(ids, (Iter(batch), Iter(k)))
+
+    def gather(extent=4, guarded=False):
+        value = LoadDynamic(table, 0, position(i), (Iter(j),))
+        if guarded:
+            value = Ternary(Ternop.WHERE, Load(g, (Iter(i), Iter(j))), value, Const(0.0))
+        return loop(i, extent, loop(j, 3, Store(y, (Iter(i), Iter(j)), value)))
+
+    def scatter(into=grad):
+        return loop(i, 4, loop(j, 3, StoreDynamic(into, 0, position(i), (Iter(j),), Load(g, (Iter(i), Iter(j))))))
+
+    rewrite_ids = loop(i, 4, Store(ids, (Iter(batch), Iter(i)), Const(0, dtypes.int32)))
+    assert an.last_check([gather(), scatter()]) == 0
+    assert an.last_check([gather(), rewrite_ids, scatter()]) == 2
+    assert an.last_check([gather(extent=3), scatter()]) == 1
+    assert an.last_check([gather(guarded=True), scatter()]) == 1
+    assert an.last_check([gather(), scatter(short)]) == 1
+    assert an.writes_before_failure(seq(gather(), scatter())) == (y,)
 
 
 def _scoped_sum():

@@ -56,6 +56,9 @@ class CExecutable:
     """A loaded kernel. ``run`` passes each buffer's memory (no copy) and the index symbols;
     ``source`` is the C text, also written to the context's debug directory as ``<routine>.c``."""
 
+    stops_at_failure = True
+    """A failed check returns after the routine's last check (``target.py``, ``CTarget.body``)."""
+
     def __init__(self, routine: RoutineIR, source: CSource, library: str):
         self.routine = routine
         self.source = source

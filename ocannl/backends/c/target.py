@@ -20,11 +20,12 @@ from typing import Callable, Hashable
 from ocannl.backends.c.gemm import CGemm
 from ocannl.backends.c.tile_printer import TilePrinter
 from ocannl.backends.codegen import PART_STATEMENTS, Emitter
+from ocannl.lowlevel.analysis import last_check, routine_statements
 from ocannl.lowlevel.cost import timed_statements
 from ocannl.lowlevel.cpu_schedule import GemmPlan, MicroKernel, NestPlan, TopLevelPlan, plan_top_level
 from ocannl.lowlevel.indexing import AnySymbol, IndexSymbol, Symbol, index_symbols
 from ocannl.lowlevel.ir import (
-    DeclareLocal, EmbedIndex, Fill, Load, LoadDynamic, Seq, Stmt, Store, StoreDynamic, iter_exprs, iter_stmts, seq,
+    DeclareLocal, EmbedIndex, Fill, Load, LoadDynamic, Stmt, Store, StoreDynamic, iter_exprs, iter_stmts, seq,
     stmt_exprs,
 )
 from ocannl.lowlevel.structure import Structure, structure
@@ -92,15 +93,26 @@ class CTarget:
 
     def body(self, emitter: Emitter, around: Callable[[int], tuple[str, str]] | None = None) -> list[str]:
         """The lines of the routine's body (indented one level): calls of helper functions
-        (module docstring).
+        (module docstring), and after the routine's last check, when statements follow it, a
+        return if a check failed: a failed run writes nothing after it, so undoing the run
+        restores only what the statements up to it write (``CExecutable.stops_at_failure``).
 
         ``around(k)`` gives a line to print before and one after the ``k``-th of the routine's
         :func:`~ocannl.lowlevel.cost.timed_statements` (a profile's timer); the body is then
         printed without parts."""
-        routine = emitter.routine
-        top = list(routine.body.stmts) if isinstance(routine.body, Seq) else [routine.body]
+        top = list(routine_statements(emitter.routine.body))
+        last = last_check(top)
+        gate = last + 1 if 0 <= last < len(top) - 1 else len(top)
+        self._segment(emitter, top[:gate], around)
+        if gate < len(top):
+            emitter.line("if (_status_cell) return _status_cell;  /* a check failed: run nothing after it */")
+            self._segment(emitter, top[gate:], around)
+        return emitter.scope.out
+
+    def _segment(self, emitter: Emitter, top: list[Stmt], around: Callable[[int], tuple[str, str]] | None) -> None:
+        """Prints consecutive top-level statements of the routine (:meth:`body`)."""
         if around is not None:
-            timed = {id(s): k for k, s in enumerate(timed_statements(routine.body))}
+            timed = {id(s): k for k, s in enumerate(timed_statements(emitter.routine.body))}
             for s in top:
                 k = timed.get(id(s))
                 before, after = ("", "") if k is None else around(k)
@@ -109,14 +121,13 @@ class CTarget:
                 self.statements(emitter, [s])
                 if after:
                     emitter.line(after)
-        elif len(top) <= PART_STATEMENTS or any(isinstance(s, DeclareLocal) for s in top):
+        elif len(top) <= PART_STATEMENTS or any(isinstance(s, DeclareLocal) for s in routine_statements(emitter.routine.body)):
             self.statements(emitter, top)
         else:  # no local crosses a part: each top-level statement declares its own
             self.in_parts = True
             for k in range(0, len(top), PART_STATEMENTS):
                 part = top[k : k + PART_STATEMENTS]
                 self.helper(emitter, "part", seq(*part), lambda part=part: self.statements(emitter, part))
-        return emitter.scope.out
 
     def statements(self, emitter: Emitter, stmts: list[Stmt]) -> None:
         """Prints top-level statements as their :class:`~ocannl.lowlevel.cpu_schedule.TopLevelPlan` says."""

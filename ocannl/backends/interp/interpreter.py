@@ -102,6 +102,9 @@ class InterpExecutable:
     """A routine compiled to closures. ``run`` takes the context's arrays (C-contiguous, the
     node's storage dtype, uint4x32 with a trailing axis of 4) and the index symbol values."""
 
+    stops_at_failure = True
+    """A failed check raises at once (``ocannl.backends.protocols.Executable``)."""
+
     def __init__(self, routine: RoutineIR):
         self.routine = routine
         self._compiler = ScalarCompiler(routine)
