@@ -408,9 +408,10 @@ def stmt_exprs(stmt: Stmt) -> tuple[Expr, ...]:
     return ()
 
 
-def iter_exprs(e: Expr) -> Iterator[Expr]:
+def iter_exprs(e: Expr, unconditional: bool = False) -> Iterator[Expr]:
     """``e`` and its sub-expressions, pre-order (not entering local scope bodies:
-    :func:`ocannl.lowlevel.analysis.all_exprs` does)."""
+    :func:`ocannl.lowlevel.analysis.all_exprs` does); ``unconditional``: only those evaluated
+    whenever ``e`` is, not the branches of a ``where``."""
     stack = [e]
     while stack:
         x = stack.pop()
@@ -420,26 +421,15 @@ def iter_exprs(e: Expr) -> Iterator[Expr]:
                 stack.append(y)
             case Binary(a=a, b=b):
                 stack.extend((b, a))
+            case Ternary(op=Ternop.WHERE, a=a) if unconditional:
+                stack.append(a)
             case Ternary(a=a, b=b, c=c):
                 stack.extend((c, b, a))
 
 
 def unconditional_exprs(e: Expr) -> Iterator[Expr]:
-    """``e`` and the sub-expressions evaluated whenever ``e`` is (not a branch of a ``where``, not
-    a local scope's body), pre-order."""
-    stack = [e]
-    while stack:
-        x = stack.pop()
-        yield x
-        match x:
-            case Ternary(op=Ternop.WHERE, a=a):
-                stack.append(a)
-            case Unary(x=y) | Cast(x=y) | LoadDynamic(position=y):
-                stack.append(y)
-            case Binary(a=a, b=b):
-                stack.extend((b, a))
-            case Ternary(a=a, b=b, c=c):
-                stack.extend((c, b, a))
+    """``e`` and the sub-expressions evaluated whenever ``e`` is (:func:`iter_exprs`)."""
+    return iter_exprs(e, unconditional=True)
 
 
 def total_over_executions(stmt: Stmt, weight: Callable[[Stmt], int]) -> int:
