@@ -9,6 +9,11 @@ adds), each symbol and local by its number in order of first appearance. Two sta
 equal keys print the same code once their nodes, symbols and locals are named: the C target
 prints the helper function of a family once (``ocannl/backends/c/target.py``).
 
+CSE's keys (``_KeyCache`` in ``ocannl/lowlevel/optimize.py``) are coarser in one way and finer
+in another: they number only the symbols and locals an expression binds, keeping nodes and free
+symbols as themselves, and so can remember each sub-expression's key; here nothing is kept as
+itself, and a key depends on the whole statement.
+
 Anything else a statement holds (constants, operators, index symbols, dtypes) is part of the key
 as it is; a float by its bits (``0.0`` and ``-0.0`` differ, as their products do); an object of
 a kind not listed here by its identity, so two statements holding one never share a key.
