@@ -59,6 +59,7 @@ from ocannl.lowlevel.ir import (
     iter_exprs,
     iter_stmts,
     stmt_exprs,
+    top_level,
     unconditional_exprs,
 )
 from ocannl.lowlevel.scalar_ops import Binop, Unop
@@ -456,18 +457,13 @@ def last_check(stmts: tuple[Stmt, ...] | list[Stmt]) -> int:
     return last
 
 
-def routine_statements(body: Stmt) -> tuple[Stmt, ...]:
-    """The top-level statements of a routine's ``body``."""
-    return body.stmts if isinstance(body, Seq) else (body,)
-
-
 def writes_before_failure(body: Stmt, stops_at_failure: bool = True) -> tuple[TNode, ...]:
     """The nodes a failed run of ``body`` (a routine's) may have written, in order of first write;
     none when no statement can fail. A backend that ``stops_at_failure`` (the interpreter raises,
     the C code returns after the :func:`last_check`) runs the statements up to the last one that
     can fail, not those after (an optimizer's updates after the gradients, typically); one that
     runs on to the end may have written every node the routine writes."""
-    stmts = routine_statements(body)
+    stmts = top_level(body)
     last = last_check(stmts)
     if last < 0:
         return ()

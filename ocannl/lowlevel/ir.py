@@ -408,6 +408,11 @@ def stmt_exprs(stmt: Stmt) -> tuple[Expr, ...]:
     return ()
 
 
+def top_level(body: Stmt) -> tuple[Stmt, ...]:
+    """The statements of ``body`` as a sequence: its own, or itself alone."""
+    return body.stmts if isinstance(body, Seq) else (body,)
+
+
 def iter_exprs(e: Expr, unconditional: bool = False) -> Iterator[Expr]:
     """``e`` and its sub-expressions, pre-order (not entering local scope bodies:
     :func:`ocannl.lowlevel.analysis.all_exprs` does); ``unconditional``: only those evaluated

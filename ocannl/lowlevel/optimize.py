@@ -70,7 +70,7 @@ from ocannl.lowlevel.indexing import Affine, AnySymbol, AxisIndex, Fixed, IndexS
 from ocannl.lowlevel.ir import (
     Binary, Cast, Comment, Const, DeclareLocal, EmbedIndex, Expr, Fill, For, GetLocal, Load, LoadDynamic, Local,
     LocalScope, RoutineIR, Seq, SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary, iter_exprs, iter_stmts,
-    nesting, seq, stmt_exprs, unconditional_exprs,
+    nesting, seq, stmt_exprs, top_level, unconditional_exprs,
 )
 from ocannl.lowlevel.op_semantics import fold_binary, fold_unary
 from ocannl.lowlevel.overwrite import fold_fills, forward_stores
@@ -174,10 +174,6 @@ class Trace:
     @property
     def outputs(self) -> tuple[TNode, ...]:
         return tuple(n for n, t in self.nodes.items() if t.writes)
-
-
-def top_level(body: Stmt) -> tuple[Stmt, ...]:
-    return body.stmts if isinstance(body, Seq) else (body,)
 
 
 def trace(routine: RoutineIR) -> Trace:

@@ -65,7 +65,7 @@ from ocannl.lowlevel.analysis import accesses, all_exprs, all_stmts, loop_chain,
 from ocannl.lowlevel.indexing import Affine, AxisIndex, Fixed, Iter, Symbol
 from ocannl.lowlevel.ir import (
     Binary, Expr, Fill, For, GetLocal, Load, LoadDynamic, Local, LocalScope, RoutineIR, Seq, SetLocal, Stmt,
-    Store, StoreDynamic, iter_stmts, loop, seq, unconditional_exprs,
+    Store, StoreDynamic, iter_stmts, loop, seq, top_level, unconditional_exprs,
 )
 from ocannl.lowlevel.rewrite import Rewriter
 from ocannl.lowlevel.schedule import update_of
@@ -76,7 +76,7 @@ def fold_fills(routine: RoutineIR) -> RoutineIR:
     """``routine`` with rewrites 1 and 2 of the module docstring: each fill folded into the first
     write of its node, or dropped when a fill overwrites it, or else its constant forwarded to
     the reads before the next write."""
-    statements = _top_level(routine.body)
+    statements = top_level(routine.body)
     folded = _fold_fills(list(statements))
     if len(folded) == len(statements) and all(a is b for a, b in zip(folded, statements)):
         return routine
@@ -86,17 +86,13 @@ def fold_fills(routine: RoutineIR) -> RoutineIR:
 def forward_stores(routine: RoutineIR) -> RoutineIR:
     """``routine`` with rewrite 3 of the module docstring: a store that the next statement
     overwrites removed, its value forwarded into that statement."""
-    statements = _top_level(routine.body)
+    statements = top_level(routine.body)
     fused = _fuse_updates(list(statements))
     body = _Forwarding().stmt(seq(*fused))
-    after = _top_level(body)
+    after = top_level(body)
     if len(after) == len(statements) and all(a is b for a, b in zip(after, statements)):
         return routine
     return replace(routine, body=body)
-
-
-def _top_level(body: Stmt) -> tuple[Stmt, ...]:
-    return body.stmts if isinstance(body, Seq) else (body,)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,13 +20,13 @@ from typing import Callable, Hashable
 from ocannl.backends.c.gemm import CGemm
 from ocannl.backends.c.tile_printer import TilePrinter
 from ocannl.backends.codegen import PART_STATEMENTS, Emitter
-from ocannl.lowlevel.analysis import last_check, routine_statements
+from ocannl.lowlevel.analysis import last_check
 from ocannl.lowlevel.cost import timed_statements
 from ocannl.lowlevel.cpu_schedule import GemmPlan, MicroKernel, NestPlan, TopLevelPlan, plan_top_level
 from ocannl.lowlevel.indexing import AnySymbol, IndexSymbol, Symbol, index_symbols
 from ocannl.lowlevel.ir import (
     DeclareLocal, EmbedIndex, Fill, Load, LoadDynamic, Stmt, Store, StoreDynamic, iter_exprs, iter_stmts, seq,
-    stmt_exprs,
+    stmt_exprs, top_level,
 )
 from ocannl.lowlevel.structure import Structure, structure
 from ocannl.lowlevel.tnode import TNode
@@ -100,7 +100,7 @@ class CTarget:
         ``around(k)`` gives a line to print before and one after the ``k``-th of the routine's
         :func:`~ocannl.lowlevel.cost.timed_statements` (a profile's timer); the body is then
         printed without parts."""
-        top = list(routine_statements(emitter.routine.body))
+        top = list(top_level(emitter.routine.body))
         last = last_check(top)
         gate = last + 1 if 0 <= last < len(top) - 1 else len(top)
         self._segment(emitter, top[:gate], around)
@@ -121,7 +121,7 @@ class CTarget:
                 self.statements(emitter, [s])
                 if after:
                     emitter.line(after)
-        elif len(top) <= PART_STATEMENTS or any(isinstance(s, DeclareLocal) for s in routine_statements(emitter.routine.body)):
+        elif len(top) <= PART_STATEMENTS or any(isinstance(s, DeclareLocal) for s in top_level(emitter.routine.body)):
             self.statements(emitter, top)
         else:  # no local crosses a part: each top-level statement declares its own
             self.in_parts = True
