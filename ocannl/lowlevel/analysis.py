@@ -424,8 +424,9 @@ def can_fail(stmt: Stmt, extents: Mapping[AnySymbol, int] | None = None,
         return can_fail(stmt.body, {**extents, stmt.symbol: stmt.extent}, checked)
     if isinstance(stmt, Seq):
         return any(can_fail(s, extents, checked) for s in stmt.stmts)
-    if (isinstance(stmt, StoreDynamic) and unchecked(stmt)) or (
-            isinstance(stmt, Store) and not stmt.skip_oob and not cell_provably_within(stmt.indices, stmt.tnode.dims, extents)):
+    if isinstance(stmt, StoreDynamic) and unchecked(stmt):
+        return True
+    if isinstance(stmt, Store) and not stmt.skip_oob and not cell_provably_within(stmt.indices, stmt.tnode.dims, extents):
         return True
     for e in stmt_exprs(stmt):
         for sub in iter_exprs(e):

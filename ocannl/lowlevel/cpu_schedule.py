@@ -865,9 +865,10 @@ class NestPlan:
     count is not a whole number of vectors (``-O2`` vectorizes only loops needing no scalar
     remainder), or any inside a parallel region (OpenMP moves the region into a function that
     reads the buffers' addresses from a structure, their ``restrict`` lost, and ``-O2`` adds no
-    run-time alias check; a parallel loop that is innermost asks for both at once). The loss's softmax over 54 classes, whose exponential is a
-    vectorizable helper, took 255 us scalar and 72 us so; the GPT's relu over 16x64x512, a
-    parallel nest, 300 us and 45 us (Zen 4, one thread)."""
+    run-time alias check; a parallel loop that is innermost asks for both at once). The loss's
+    softmax over 54 classes, whose exponential is a vectorizable helper, took 255 us scalar and
+    72 us so; the GPT's relu over 16x64x512, a parallel nest, 300 us and 45 us (Zen 4, one
+    thread)."""
 
     nest: For
     parallel: bool = False

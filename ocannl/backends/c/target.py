@@ -101,18 +101,22 @@ class CTarget:
         :func:`~ocannl.lowlevel.cost.timed_statements` (a profile's timer); the body is then
         printed without parts."""
         top = list(top_level(emitter.routine.body))
+        timed = {id(s): k for k, s in enumerate(timed_statements(emitter.routine.body))} if around else None
+        parts = around is None and not any(isinstance(s, DeclareLocal) for s in top)  # no local crosses a part
         last = last_check(top)
         gate = last + 1 if 0 <= last < len(top) - 1 else len(top)
-        self._segment(emitter, top[:gate], around)
+        self._segment(emitter, top[:gate], parts, around, timed)
         if gate < len(top):
             emitter.line("if (_status_cell) return _status_cell;  /* a check failed: run nothing after it */")
-            self._segment(emitter, top[gate:], around)
+            self._segment(emitter, top[gate:], parts, around, timed)
         return emitter.scope.out
 
-    def _segment(self, emitter: Emitter, top: list[Stmt], around: Callable[[int], tuple[str, str]] | None) -> None:
-        """Prints consecutive top-level statements of the routine (:meth:`body`)."""
+    def _segment(self, emitter: Emitter, top: list[Stmt], parts: bool,
+                 around: Callable[[int], tuple[str, str]] | None, timed: dict[int, int] | None) -> None:
+        """Prints consecutive top-level statements of the routine (:meth:`body`): in parts when
+        ``parts`` allows and they are many, each top-level statement declaring its own locals;
+        with ``around``'s lines around those ``timed`` numbers."""
         if around is not None:
-            timed = {id(s): k for k, s in enumerate(timed_statements(emitter.routine.body))}
             for s in top:
                 k = timed.get(id(s))
                 before, after = ("", "") if k is None else around(k)
@@ -121,9 +125,9 @@ class CTarget:
                 self.statements(emitter, [s])
                 if after:
                     emitter.line(after)
-        elif len(top) <= PART_STATEMENTS or any(isinstance(s, DeclareLocal) for s in top_level(emitter.routine.body)):
+        elif not parts or len(top) <= PART_STATEMENTS:
             self.statements(emitter, top)
-        else:  # no local crosses a part: each top-level statement declares its own
+        else:
             self.in_parts = True
             for k in range(0, len(top), PART_STATEMENTS):
                 part = top[k : k + PART_STATEMENTS]
