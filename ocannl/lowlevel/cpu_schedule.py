@@ -133,6 +133,17 @@ product) took 0.9-1.4 ms ``k`` after ``k``, 0.35 ms 16 terms of a column at a ti
 product of 128 rows runs in 2.8 ms). Rows 3136 bytes apart (784 floats) packed in 0.16 ms ``k``
 after ``k`` and 0.35 ms by blocks, so blocks are kept for the strides that need them."""
 
+IN_PLACE_MAX_BYTES = 1 << 14
+"""The largest operand (of one product of a batch) a packed GEMM reads in place rather than packs
+(:func:`_in_place`). Packing pays for itself when each packed value feeds many micro-kernel
+calls; in attention's products (a 16 x 4 batch of heads, 64 x 64 x 32 each) a value feeds two to
+four, and packing took about a third of the time. Read in place, the batch of scores ran in 214
+us instead of 284, of values in 177 instead of 254, the values' gradient in 169 instead of 202
+(Zen 4, one thread, operands in the caches; in the GPT step of ``bench/cpu_steps.py``, where they
+come from the nests before, the twenty products gained 1-2% of the step, within its noise). The
+128 x 128 weights of the same step's projections (64 KiB) measured no better in place: they
+stay packed."""
+
 GEMM_MIN_WORK = 1 << 15
 """Multiply-adds from which a GEMM-class contraction is packed: below it, packing costs more than
 it saves and the register tiles of :class:`ContractionPlan` do the work."""
@@ -174,7 +185,8 @@ class MicroKernel:
     cell one by one) and the operand order of the product (``a_first``: ``a * b``).
     ``totals_in_registers``: under a block order, the cells' running totals stay in registers
     next to the block sums, so a call reads and writes its tile once rather than once a block
-    (:func:`plan_gemm`)."""
+    (:func:`plan_gemm`). ``a_in_place`` / ``b_in_place``: the strides ``(along, k)`` at which the
+    kernel reads an operand left unpacked (:attr:`Packing.in_place`); ``None``: a packed strip."""
 
     mr: int
     nr: int
@@ -182,6 +194,8 @@ class MicroKernel:
     block: int | None
     a_first: bool
     totals_in_registers: bool = False
+    a_in_place: tuple[int, int] | None = None
+    b_in_place: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -194,11 +208,14 @@ class Packing:
     (``64*(k / 64) + k % 64`` is one division and one remainder a value). ``k_block``: the operand
     is contiguous along ``k``, its rows :data:`PACK_ALIASING_BYTES` apart, and packed
     :data:`PACK_K_BLOCK` terms of each row or column at a time (every panel holds whole blocks);
-    ``None``: ``k`` after ``k``, across the strip."""
+    ``None``: ``k`` after ``k``, across the strip. ``in_place``: the operand is not packed at all,
+    the micro-kernel reads it where it lies, ``(along, k)`` floats apart between consecutive rows
+    (or columns) and terms (:func:`_in_place`)."""
 
     flat_along: bool = False
     flat_k: bool = False
     k_block: int | None = None
+    in_place: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -255,7 +272,8 @@ class GemmPlan:
 
     @property
     def kernel(self) -> MicroKernel:
-        return MicroKernel(self.mr, self.nr, self.lanes, self.block, self.a_first, self.totals_in_registers)
+        return MicroKernel(self.mr, self.nr, self.lanes, self.block, self.a_first, self.totals_in_registers,
+                           self.a_packing.in_place, self.b_packing.in_place)
 
 
 @dataclass(frozen=True)
@@ -495,8 +513,8 @@ def plan_gemm(plan: ContractionPlan, vector_bytes: int) -> GemmPlan | None:
         nc=nc,
         parallel=plan.work >= GEMM_PARALLEL_MIN_WORK,
         totals_in_registers=totals_in_registers,
-        a_packing=_packing(_factor_load(product.a), rows, k, kc, {**extent, **dict(k)}),
-        b_packing=_packing(_factor_load(product.b), cols, k, kc, {**extent, **dict(k)}),
+        a_packing=_packing(product.a, rows, k, kc, {**extent, **dict(k)}, mr, unit_along=False),
+        b_packing=_packing(product.b, cols, k, kc, {**extent, **dict(k)}, nr, unit_along=lanes > 1),
     )
 
 
@@ -525,9 +543,14 @@ def _factor_load(factor: Expr) -> Load | None:
     return reads[0] if len(reads) == 1 and isinstance(reads[0], Load) else None
 
 
-def _packing(factor: Load, along: Loops, k: Loops, kc: int, extents: dict[AnySymbol, int]) -> Packing:
-    """How to pack ``factor``, read by the loops ``along`` (its rows or columns) and ``k``, with
-    panels of ``kc`` terms (:class:`Packing`)."""
+def _packing(expr: Expr, along: Loops, k: Loops, kc: int, extents: dict[AnySymbol, int], width: int,
+             unit_along: bool) -> Packing:
+    """How to pack the factor ``expr``, read by the loops ``along`` (its rows or columns) and
+    ``k``, with panels of ``kc`` terms into strips ``width`` rows or columns wide
+    (:class:`Packing`); ``unit_along``: the micro-kernel reads the strip's rows or columns as one
+    vector, so an operand read in place must be contiguous along them."""
+    factor = _factor_load(expr)
+    assert factor is not None, "plan_gemm packs factors that read one load"
     dims = factor.tnode.dims
     coefficient = {s: c for c, s in affine_form(row_major_offset(factor.indices, dims))[0]}
 
@@ -542,7 +565,29 @@ def _packing(factor: Load, along: Loops, k: Loops, kc: int, extents: dict[AnySym
     apart = _flat_stride(along, coefficient) * factor.dtype.itemsize if flat_along else 0
     aliasing = apart != 0 and apart % PACK_ALIASING_BYTES == 0
     whole_blocks = depth % PACK_K_BLOCK == 0 and kc % PACK_K_BLOCK == 0
-    return Packing(flat_along, flat_k, PACK_K_BLOCK if contiguous and aliasing and whole_blocks else None)
+    in_place = None
+    if expr == factor and flat_along and flat_k:
+        strides = (_flat_stride(along, coefficient), _flat_stride(k, coefficient))
+        extent = math.prod(n for _, n in along)
+        if _in_place(strides, extent, depth, width, unit_along, factor.dtype.itemsize):
+            in_place = strides
+    return Packing(flat_along, flat_k, PACK_K_BLOCK if contiguous and aliasing and whole_blocks else None, in_place)
+
+
+def _in_place(strides: tuple[int, int], extent: int, depth: int, width: int, unit_along: bool, itemsize: int) -> bool:
+    """Whether the micro-kernel reads an operand of ``extent`` rows (or columns) by ``depth`` terms
+    where it lies, ``strides`` apart (:data:`IN_PLACE_MAX_BYTES`), rather than from packed strips
+    ``width`` wide: the operand is small enough to stay in the caches between the tiles that read
+    it, its rows (or columns) fill whole strips (a strip past its end would read beyond the
+    buffer), a vector's worth of them lie side by side where the kernel loads them as one
+    (``unit_along``), and neither stride is a multiple of :data:`PACK_ALIASING_BYTES`, which would
+    put the tile's values in one set of the L1 cache."""
+    along, k = strides
+    if along <= 0 or k <= 0 or extent % width or (unit_along and along != 1):
+        return False
+    if extent * depth * itemsize > IN_PLACE_MAX_BYTES:
+        return False
+    return all(stride * itemsize % PACK_ALIASING_BYTES for stride in strides)
 
 
 def _flat_stride(loops: Loops, coefficient: dict[AnySymbol, int]) -> int | None:

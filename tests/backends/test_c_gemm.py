@@ -307,6 +307,64 @@ def test_each_micro_kernel_equals_interpreter(packed_from_one, monkeypatch, isa,
         assert_same_bits(results("c", case, m, k, n), results("interp", case, m, k, n), f"{isa} {case}")
 
 
+ATTENTION_PRODUCTS = {
+    "scores": ("b|t,h,d; b|u,h,d => b|t,h,u", (3, 32, 2, 16), (3, 32, 2, 16)),
+    "values": ("b|t,h,u; b|u,h,d => b|t,h,d", (3, 32, 2, 32), (3, 32, 2, 16)),
+    "values.grad": ("b|t,h,u; b|t,h,d => b|u,h,d", (3, 32, 2, 32), (3, 32, 2, 16)),
+}
+"""Attention's batched products (a batch of 3, 2 heads, 32 positions, 16 values a head): the
+scores read the keys across their rows (packed where the kernel loads vectors), the values and their gradient read both operands
+in place, the gradient its left operand along a column (``k`` 64 floats apart)."""
+
+
+def attention_product(backend: str, name: str) -> np.ndarray:
+    spec, a_shape, b_shape = ATTENTION_PRODUCTS[name]
+    session.reset()
+    rng = np.random.default_rng(3)
+    a = oc.tensor(rng.standard_normal(a_shape).astype(np.float32), batch=1)
+    b = oc.tensor(rng.standard_normal(b_shape).astype(np.float32), batch=1)
+    c = oc.einsum(spec, a, b)
+    ctx = oc.Context(backend)
+    routine = ctx.compile(c)
+    routine.run()
+    text = routine._executable.source.text if backend == "c" else ""
+    return ctx.get(c.value), text
+
+
+@needs_c
+@pytest.mark.parametrize("isa", ["host", "portable"])
+@pytest.mark.parametrize("name", list(ATTENTION_PRODUCTS))
+def test_small_operands_are_read_in_place_with_the_interpreters_bits(packed_from_one, monkeypatch, isa, name):
+    """An operand of a few KiB whose rows (or, for the right one, columns) lie evenly in memory is
+    not packed: the micro-kernel reads it where it lies, at strides it is compiled with."""
+    if isa != "host":
+        monkeypatch.setenv("OCANNL_C_ISA", isa)
+    got, text = attention_product("c", name)
+    expected, _ = attention_product("interp", name)
+    assert_same_bits({"c": got}, {"c": expected}, name)
+    if name == "scores":
+        assert "read in place (32 apart across, 1 along k)" in text, text
+        # The keys' columns lie 32 floats apart: a vector kernel packs them, the scalar one not.
+        assert ("pack B" in text) == (isa == "host"), text
+    elif name == "values.grad":
+        assert "_a1x64_b1x32(" in text and "read in place (1 apart across, 64 along k)" in text, text
+    else:
+        assert "pack A" not in text and "pack B" not in text and "aligned_alloc" not in text, text
+
+
+def test_plan_reads_in_place_only_small_operands_that_fill_whole_strips():
+    """The 64 x 32 operands of a product are read in place; a 512 x 512 one (1 MiB) is packed, and
+    so is one of 60 rows, which a strip of 16 would overrun."""
+    small = plan_gemm(plan_contraction(matmul_nest(64, 32, 64, block=False)[0]), 64)
+    assert small.a_packing.in_place == (32, 1) and small.b_packing.in_place == (1, 64)
+    assert small.kernel.a_in_place == (32, 1)
+    large = plan_gemm(plan_contraction(matmul_nest(512, 512, 512)[0]), 64)
+    assert large.a_packing.in_place is None and large.b_packing.in_place is None
+    ragged = plan_gemm(plan_contraction(matmul_nest(60, 32, 64, block=False)[0]), 64)
+    assert ragged.mr == 12 and ragged.a_packing.in_place == (32, 1), "60 rows: 5 whole strips of 12"
+    assert plan_gemm(plan_contraction(matmul_nest(50, 32, 64, block=False)[0]), 64).a_packing.in_place is None
+
+
 @needs_c
 def test_operands_contiguous_along_k_and_4_kib_apart_are_packed_by_blocks(packed_from_one):
     """``c[i, k] = sum_j a[i, j] * b[k, j]`` (``a @ b.T``: an MLP layer's forward product, and the

@@ -5,7 +5,9 @@
 A micro-kernel computes an ``mr x nr`` tile of cells from two packed strips: ``a``, ``kc`` rows
 of ``mr`` values (the tile's rows of the left operand, ``k`` after ``k``), and ``b``, ``kc`` rows
 of ``nr`` values (its columns of the right operand), adding into the tile ``c`` (row stride
-``ldc``, columns contiguous). Its accumulators are ``mr`` rows of ``nr / lanes`` vectors written
+``ldc``, columns contiguous). A small operand may be read in place instead of from a strip
+(:attr:`~ocannl.lowlevel.cpu_schedule.Packing.in_place`): the kernel is then compiled with the
+operand's strides, and its name says them. Its accumulators are ``mr`` rows of ``nr / lanes`` vectors written
 with GCC/Clang vector extensions (``vector_size``), so the compiler maps them onto the target's
 registers without intrinsics of one instruction set; with ``lanes == 1`` they are scalars and
 the kernel is plain C.
@@ -44,7 +46,9 @@ def kernel_name(shape: MicroKernel) -> str:
     """The C name of a micro-kernel: ``ocannl_gemm_6x16_f32x8_blocks64_ab``."""
     order = f"blocks{shape.block}" if shape.block else "inorder"
     vector = f"f32x{shape.lanes}" if shape.lanes > 1 else "f32"
-    return f"ocannl_gemm_{shape.mr}x{shape.nr}_{vector}_{order}_{'ab' if shape.a_first else 'ba'}"
+    in_place = "".join(f"_{side}{strides[0]}x{strides[1]}" for side, strides in (("a", shape.a_in_place), ("b", shape.b_in_place))
+                       if strides is not None)
+    return f"ocannl_gemm_{shape.mr}x{shape.nr}_{vector}_{order}_{'ab' if shape.a_first else 'ba'}{in_place}"
 
 
 def vector_type(lanes: int, aligned: bool = True) -> str:
@@ -82,21 +86,33 @@ def kernel(shape: MicroKernel) -> list[str]:
     def product(r: int, v: int) -> str:
         return f"_a{r} * _b{v}" if shape.a_first else f"_b{v} * _a{r}"
 
+    b_along, b_k = shape.b_in_place or (1, nr)
+    a_along, a_k = shape.a_in_place or (1, mr)
+    b_vector = vector if shape.b_in_place is None else vector_type(lanes, aligned=False)
+
     def step(indent: str) -> list[str]:
         lines = []
         for v in range(nv):
-            load = f"b[{nr}*k + {v * lanes}]" if lanes == 1 else f"*(const {vector} *)(b + {nr}*k + {v * lanes})"
+            load = (f"b[{b_k}*k + {v * b_along}]" if lanes == 1
+                    else f"*(const {b_vector} *)(b + {b_k}*k + {v * lanes})")
             lines.append(f"{indent}const {vector} _b{v} = {load};")
         for r in range(mr):
-            lines.append(f"{indent}const float _a{r} = a[{mr}*k + {r}];")
+            lines.append(f"{indent}const float _a{r} = a[{a_k}*k + {r * a_along}];")
             lines += [f"{indent}_c{r}_{v} = _c{r}_{v} + {product(r, v)};" for v in range(nv)]
         return lines
 
     what = (f"each block of {shape.block} terms summed from zero, then added to c" if shape.block
             else "added to c one term after the other")
     splat = f"{{{', '.join(['start'] * lanes)}}}" if lanes > 1 else "start"
+
+    def operand(side: str, width: int, strides: tuple[int, int] | None) -> str:
+        return (f"{side}[kc x {width}]" if strides is None
+                else f"{side} read in place ({strides[0]} apart across, {strides[1]} along k)")
+
+    packed = ", packed strips" if shape.a_in_place is None and shape.b_in_place is None else ""
     lines = [
-        f"/* c[{mr} x {nr}] (row stride ldc) += a[kc x {mr}] * b[kc x {nr}], packed strips, {what};",
+        f"/* c[{mr} x {nr}] (row stride ldc) += {operand('a', mr, shape.a_in_place)} * "
+        f"{operand('b', nr, shape.b_in_place)}{packed}, {what};",
         f"   {mr * nv} accumulators of {lanes} float{'s' if lanes > 1 else ''}, one lane per cell; fresh: c holds no value yet,",
         "   its cells start from start (their reset). */",
         f"static inline void {kernel_name(shape)}(",

@@ -105,7 +105,11 @@ class _GemmPrinter:
         self.resets = plan.reset is not None and plan.scope is None
         # The micro-kernel's fresh and start arguments: the cells' reset on the first panel.
         self.fresh, self.start = ("_pc == 0", reset_value(emitter, plan)) if self.resets else ("0", self.zero)
-        self.panel_b = -(-self.kc * self.nc // 16) * 16  # the block of A starts 64-byte aligned
+        # The packed panel of B, then the block of A, which starts 64-byte aligned; nothing for an
+        # operand the micro-kernel reads in place.
+        self.panel_b = 0 if g.b_packing.in_place else -(-self.kc * self.nc // 16) * 16
+        self.block_a = 0 if g.a_packing.in_place else self.mc * self.kc
+        self.buffers = self.panel_b + self.block_a > 0
         self.loops = [f"for ({self.it} {s} = 0; {s} < {extent}; ++{s})"
                       for s, extent in ((emitter.namer.symbol(s), extent) for s, extent in g.outer)]
         self.loops += [f"for ({self.it} _jc = 0; _jc < {self.n}; _jc += _nb)",
@@ -115,8 +119,8 @@ class _GemmPrinter:
         g, e = self.g, self.e
         e.line(gemm_comment(e, self.plan))
         where = format_stmt(self.plan.store, e.namer).rstrip(";")
-        site = e.site("memory", f"no memory for a thread's packing buffers ({(self.panel_b + self.mc * self.kc) * 4} "
-                                f"bytes) of the product in `{where}`")
+        site = e.site("memory", f"no memory for a thread's packing buffers ({(self.panel_b + self.block_a) * 4} "
+                                f"bytes) of the product in `{where}`") if self.buffers else None
         with e.known_extents(dict((*g.rows, *g.cols, *g.k, *g.outer))):
             self.block("", lambda: self.region(site), self.target.parallel_region if g.parallel else None)
 
@@ -128,18 +132,25 @@ class _GemmPrinter:
             body()
         self.e.line("}")
 
-    def region(self, site: int) -> None:
-        """What every thread runs: its buffers, its share of the units, their loops."""
+    def region(self, site: int | None) -> None:
+        """What every thread runs: its buffers (none when both operands are read in place), its
+        share of the units, their loops."""
         e, it = self.e, self.it
-        e.line("/* this thread's packed panel of B, then its packed block of A */")
-        e.line(self.target.allocate("_pb", self.panel_b + self.mc * self.kc))
-        e.line(f"if (!_pb) {self.target.report(site)}")
+        if self.buffers:
+            e.line(f"/* this thread's {', then its '.join(self.packed())} */")
+            e.line(self.target.allocate("_pb", self.panel_b + self.block_a))
+            e.line(f"if (!_pb) {self.target.report(site)}")
         if self.g.parallel:
             self.thread_shares()
         else:
             e.line(f"const {it} _mu = {self.m}, _nb = {self.nc};")
         self.units()
-        e.line(self.target.release("_pb"))
+        if self.buffers:
+            e.line(self.target.release("_pb"))
+
+    def packed(self) -> list[str]:
+        """The packing buffers a thread needs, for their comment."""
+        return [what for what, size in (("packed panel of B", self.panel_b), ("packed block of A", self.block_a)) if size]
 
     def thread_shares(self) -> None:
         """The units: two per thread, ``_ru`` row shares by ``_cu`` column shares. A unit packs
@@ -174,8 +185,10 @@ class _GemmPrinter:
             self.block(self.loops[depth], lambda: self.units(depth + 1))
             return
         e, it = self.e, self.it
-        e.line("if (!_pb) continue;  /* no buffers: the failure is reported */")
-        e.line(f"{self.real} *const _pa = _pb + {self.panel_b};")
+        if self.buffers:
+            e.line("if (!_pb) continue;  /* no buffers: the failure is reported */")
+        if self.block_a:
+            e.line(f"{self.real} *const _pa = _pb + {self.panel_b};")
         e.line(f"const {it} _nc = {_minimum(f'{self.n} - _jc', '_nb')}, _mend = {_minimum('_iu + _mu', str(self.m))};")
         self.block(f"for ({it} _pc = 0; _pc < {self.n_k}; _pc += {self.kc})", self.panel)
 
@@ -183,16 +196,18 @@ class _GemmPrinter:
         """One ``kc`` panel of the reduction: its panel of B packed, then each block of rows."""
         e, it, nr = self.e, self.it, self.g.nr
         e.line(f"const {it} _kc = {_minimum(f'{self.n_k} - _pc', str(self.kc))};")
-        e.line(f"/* pack B: the panel's columns in strips of {nr}, {_order(self.g.b_packing)} */")
-        self.strips("_pb", "_jr", "_jc", "_nc", "_w", self.g.b, nr, self.g.cols, self.g.b_packing)
+        if self.panel_b:
+            e.line(f"/* pack B: the panel's columns in strips of {nr}, {_order(self.g.b_packing)} */")
+            self.strips("_pb", "_jr", "_jc", "_nc", "_w", self.g.b, nr, self.g.cols, self.g.b_packing)
         self.block(f"for ({it} _ic = _iu; _ic < _mend; _ic += {self.mc})", self.tiles)
 
     def tiles(self) -> None:
         """One ``mc`` block of rows: its block of A packed, then the micro-kernel over its tiles."""
         e, it, mr, nr = self.e, self.it, self.g.mr, self.g.nr
         e.line(f"const {it} _mcc = {_minimum('_mend - _ic', str(self.mc))};")
-        e.line(f"/* pack A: the block's rows in strips of {mr}, {_order(self.g.a_packing)} */")
-        self.strips("_pa", "_ir", "_ic", "_mcc", "_h", self.g.a, mr, self.g.rows, self.g.a_packing)
+        if self.block_a:
+            e.line(f"/* pack A: the block's rows in strips of {mr}, {_order(self.g.a_packing)} */")
+            self.strips("_pa", "_ir", "_ic", "_mcc", "_h", self.g.a, mr, self.g.rows, self.g.a_packing)
         e.line(f"/* the micro-kernel over the block's {mr}x{nr} tiles */")
         self.block(f"for ({it} _jr = 0; _jr < _nc; _jr += {nr})",
                    lambda: self.block(f"for ({it} _ir = 0; _ir < _mcc; _ir += {mr})", self.tile))
@@ -250,7 +265,9 @@ class _GemmPrinter:
         columns are contiguous, else into a buffer whose cells are then stored one by one."""
         e, g, plan, it = self.e, self.g, self.plan, self.it
         out, idx = plan.store.tnode, plan.store.indices
-        e.line(f"const {self.real} *_ap = _pa + _ir*_kc, *_bp = _pb + _jr*_kc;")
+        a = self.in_place(g.a, g.rows, "(_ic + _ir)") if g.a_packing.in_place else "_pa + _ir*_kc"
+        b = self.in_place(g.b, g.cols, "(_jc + _jr)") if g.b_packing.in_place else "_pb + _jr*_kc"
+        e.line(f"const {self.real} *_ap = {a}, *_bp = {b};")
         e.line(f"const {it} _h = {_minimum('_mcc - _ir', str(g.mr))}, _w = {_minimum('_nc - _jr', str(g.nr))};")
         direct = plan.scope is None and g.c_strides is not None and g.c_strides[1] == 1
         if direct:
@@ -265,6 +282,13 @@ class _GemmPrinter:
         e.line(f"{self.real} _t[{g.mr * g.nr}] = {{0}};")
         with e.symbol_texts({**_digits(g.rows, "(_ic + _ir + _r)"), **_digits(g.cols, "(_jc + _jr + _q)")}):
             self.tile_through_buffer()
+
+    def in_place(self, factor: Load, along: Loops, first: str) -> str:
+        """The address of ``factor`` at the flat index ``first`` of the loops ``along`` and the
+        panel's first term, where the micro-kernel reads an operand left unpacked."""
+        texts = {**_digits(along, first, linear=True), **_digits(self.g.k, "_pc", linear=True)}
+        with self.e.symbol_texts(texts):
+            return f"&{self.e.access(factor.tnode, factor.indices)}"
 
     def tile_through_buffer(self) -> None:
         e, g, plan, it = self.e, self.g, self.plan, self.it
