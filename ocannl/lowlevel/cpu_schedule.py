@@ -53,19 +53,26 @@ from ocannl.lowlevel.scalar_ops import Binop, Ternop
 from ocannl.lowlevel.schedule import block_terms, blocked_reduction_of, contraction_of, reduction_of
 from ocannl.lowlevel.tnode import TNode
 
-PARALLEL_MIN_WORK = 1 << 19
+PARALLEL_MIN_WORK = 1 << 15
 """A loop nest gets a parallel pragma when it runs at least this many innermost iterations
-(about 0.13 ms of single-threaded work for an elementwise loop, measured at 4 ns an
-iteration): below that, waking the sleeping threads and joining them costs more than it saves,
-and more still where another process holds a core (a parallel loop waits for its last
-thread). An MLP training step of 64-256-256-10 ran slower on two threads than on one while
-its small contractions had parallel pragmas."""
+(about 10-30 µs of one core's work for an elementwise loop): below that, handing the
+iterations out and joining the threads costs more than it saves, and more still where another
+process holds a core (a parallel loop waits for its last thread). Threads spin briefly between
+regions (``ocannl/backends/c/compiler.py``), so in a routine of many nests a region finds them
+awake. At 2^19 the GPT step of ``bench/cpu_steps.py`` ran its 131k- and 262k-element nests
+(layer norms, softmax rows, residual adds: about 7 of its 40 ms on one core) on one thread
+while the other spun; from 2^15 (register tiles from 2^18) its two-thread step went from 25.0
+to 22.4 ms (best rounds, both builds in one process taking turns, Zen 4), one thread and the
+small MLP, CNN and transformer steps unchanged. With another process busy on one of the two
+cores (the thread count then follows the free cores) the step took 1.06x its one-thread time.
+An MLP training step of 64-256-256-10 ran slower on two threads than on one while its small
+contractions had parallel pragmas and the threads slept between regions."""
 
-TILE_PARALLEL_MIN_WORK = 1 << 21
+TILE_PARALLEL_MIN_WORK = 1 << 18
 """Multiply-adds (cells x terms) from which one parallel region of register tiles runs on
 threads, counted per region (a nest of tiles inside the loop over the cache blocks of its
 reduction is one region per block): tiles do about 15 multiply-adds a nanosecond on one core,
-so this is about 0.13 ms of work, as :data:`PARALLEL_MIN_WORK` is for plain loops."""
+so this is about 17 µs of work, as :data:`PARALLEL_MIN_WORK` is for plain loops."""
 
 TILE_MIN_WORK = 4096
 """A contraction is register-tiled when (parallel cells) x (reduction steps) reaches this; smaller

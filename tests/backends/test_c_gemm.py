@@ -741,9 +741,10 @@ def test_tile_regions_count_their_own_work():
 @needs_c
 def test_small_training_step_runs_only_its_largest_products_on_threads():
     """The 64-256-256-10 MLP's SGD step (batch 64) of ``bench/cpu_steps.py``: its three 64 x 256
-    x 256 products (2^22 multiply-adds) reach ``GEMM_PARALLEL_MIN_WORK``; every other loop nest
-    and product is below the thresholds and runs on the calling thread (two threads measured
-    slower than one while its small nests had pragmas)."""
+    x 256 products (2^22 multiply-adds) reach ``GEMM_PARALLEL_MIN_WORK``, and the update of its
+    256 x 256 weight ``PARALLEL_MIN_WORK``; every other loop nest and product is below the
+    thresholds and runs on the calling thread (two threads measured slower than one while its
+    small nests had pragmas)."""
     def build():
         rng = np.random.default_rng(3)
         x = oc.tensor(rng.standard_normal((64, 64)).astype(np.float32), batch=1, label="inputs")
@@ -757,7 +758,12 @@ def test_small_training_step_runs_only_its_largest_products_on_threads():
     from ocannl.backends.c import compiler
     regions = 3 if compiler.toolchain().openmp else 0
     threads = text.count("#pragma omp") - text.count("#pragma omp simd")  # simd: vector loops, no threads
-    assert text.count("#pragma omp parallel\n") == regions and threads == 2 * regions
+    loops = text.count("#pragma omp parallel for")
+    assert text.count("#pragma omp parallel\n") == regions and threads == 2 * regions + loops
+    assert loops == (1 if regions else 0)
+    if loops:
+        nest = text.split("#pragma omp parallel for", 1)[1].split("}", 1)[0]
+        assert "< 256;" in nest and "mlp_w2[" in nest and "0.1f * mlp_w2_grad[" in nest, "the 256 x 256 weight's update"
 
 
 # ---------------------------------------------------------------------------------------------
