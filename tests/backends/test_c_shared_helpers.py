@@ -75,6 +75,62 @@ def test_a_number_after_a_name_ending_in_status_is_no_check_number():
     assert len(functions) == 1 and body == ["  f_nest0(g0, 3, _status);", "  f_nest0(g1, 4, _status);"]
 
 
+def test_gemm_drivers_alike_but_for_their_integers_take_them_as_parameters():
+    """Drivers of packed GEMMs (their text calls a micro-kernel) that differ only in integer
+    literals are one function taking the literals they differ in, a parameter per column of
+    values; literals they agree on, a float's digits, a check number and what a pragma or an
+    array's declaration needs constant are no parameters. Other helpers that differ in an integer
+    stay apart."""
+
+    def driver(name: str, rows: int, stride: int, collapse: int = 2) -> list[str]:
+        return [f"static OCANNL_TILE_FN void {name}(", "    float *restrict c,", "    int *_status) {",
+                "  /* 16 rows of 4 */", f"  #pragma omp for collapse({collapse})",
+                "  float _t[128] = {0};",
+                f"  for (int64_t _i = 0; _i < {rows}; _i += 16) ocannl_gemm_8x16_f32x16_inorder_ab(16, c + {stride}*_i, 0.5f);",
+                f"  if (c[{rows}] > 1e-05f) ocannl_fail(_status, 3);", f"  c[{stride} + {rows}] = 0;", "}"]
+
+    def calls(*names: str) -> list[str]:
+        return [f"  {n}(g{k}, _status);" for k, n in enumerate(names)]
+
+    drivers = [driver("f_tile0", 64, 128), driver("f_tile1", 32, 128), driver("f_tile2", 96, 64)]
+    functions, body = share_identical_helpers(drivers, calls("f_tile0", "f_tile1", "f_tile2"))
+    (kept,) = functions
+    assert kept[:3] == ["static OCANNL_TILE_FN void f_tile0(", "    float *restrict c,", "    int64_t _n0,"]
+    assert kept[3:] == ["    int64_t _n1,", "    int *_status) {", "  /* 16 rows of 4 */", "  #pragma omp for collapse(2)",
+                        "  float _t[128] = {0};",
+                        "  for (int64_t _i = 0; _i < _n0; _i += 16) ocannl_gemm_8x16_f32x16_inorder_ab(16, c + _n1*_i, 0.5f);",
+                        "  if (c[_n0] > 1e-05f) ocannl_fail(_status, 3);", "  c[_n1 + _n0] = 0;", "}"]
+    assert body == ["  f_tile0(g0, 64, 128, _status);", "  f_tile0(g1, 32, 128, _status);", "  f_tile0(g2, 96, 64, _status);"]
+    apart = [driver("f_tile0", 64, 128), driver("f_tile1", 64, 128, collapse=3)]
+    assert len(share_identical_helpers(apart, calls("f_tile0", "f_tile1"))[0]) == 2, "collapse() must stay a constant"
+    loops = [[line.replace("ocannl_gemm_8x16_f32x16_inorder_ab", "scale") for line in d] for d in drivers]
+    assert share_identical_helpers(loops, calls("f_tile0", "f_tile1", "f_tile2"))[0] == loops
+
+
+@needs_cc
+def test_products_of_other_sizes_share_their_driver_with_the_interpreters_bits():
+    """Two products of the same form and other sizes (a 96 x 80 x 64 and a 48 x 96 x 80 matmul,
+    both in tiles of 12 rows, every operand packed): one packed GEMM driver, called with each
+    product's sizes, each result the interpreter's."""
+    rng = np.random.default_rng(11)
+    shapes = [(96, 80, 64), (48, 96, 80)]
+    operands = [(rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32))
+                for m, k, n in shapes]
+    values, texts = {}, {}
+    for backend in ("interp", "c"):
+        oc.session.reset()
+        products = [oc.tensor(a, input=1) @ oc.tensor(b, input=1) for a, b in operands]
+        ctx = oc.Context(backend)
+        routine = ctx.compile(*products)
+        routine.run()
+        values[backend] = [ctx.get(p.value) for p in products]
+        texts[backend] = routine._executable.source.text if backend == "c" else ""
+    text = texts["c"]
+    assert text.count("as a packed GEMM") == 1 and "int64_t _n0," in text, text
+    for got, expected in zip(values["c"], values["interp"]):
+        np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
+
+
 @needs_cc
 def test_initializations_alike_but_for_their_keys_share_one_function(monkeypatch):
     """Parameters of one shape initialize by the same nest, each with its own Threefry key (a

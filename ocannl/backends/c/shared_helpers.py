@@ -19,6 +19,17 @@ printed, and the calls of the others call it with their arguments in its paramet
 the members' check numbers differ, the kept helper takes them as parameters ``_site<k>``, so a
 failed check still reports its own site; when their keys differ, it takes them as parameters
 ``_key<k>``. A source without families is left unchanged.
+
+The drivers of packed GEMMs (``gemm_printer.py``) also come in families whose members differ
+only in their integer constants: the sizes of their products, their operands' strides, their
+buffers' bytes. Their hot loop is the micro-kernel, a function of its own compiled with its
+constants (the driver's call names it, so members share it), and the driver's loops around it
+lose nothing to sizes read from parameters; so the integers in which a family of drivers differs
+are passed as parameters ``int64_t _n<k>`` (one per distinct column of values), those it agrees
+on stay literals. An integer a C declaration or pragma needs constant (``collapse(4)``, an
+array's size) is no parameter: drivers that differ there are different functions. The two
+GEMM-class products of each transformer block (and of each MLP layer, forward and backward)
+then compile as a few functions, not one each.
 """
 
 from __future__ import annotations
@@ -41,6 +52,18 @@ but would cost re its scan for the literal ``_status``: every helper's text is s
 _KEY = re.compile(r"\(\(uint4x32_t\)\{\{\d+u, \d+u, \d+u, \d+u\}\}\)")
 """A ``uint4x32_t`` literal (``ocannl/backends/c_family.py``, ``literal``): a Threefry key."""
 _COMMENT = re.compile(r"/\*.*?\*/", re.DOTALL)
+_INTEGER = re.compile(
+    r"(/\*.*?\*/)"  # a comment
+    r"|(^[ \t]*#[^\n]*)"  # a pragma or another preprocessor line
+    r"|(^[ \t]*(?:const[ \t]+)?\w+[ \t]+\*?\w+\[[^\n]*)"  # an array's declaration
+    r"|((?<!\w)_status, \d+)"  # a check's number (:data:`_SITE`)
+    r"|((?<![\w.])\d+(?![\w.]))",  # an integer literal, not a piece of a float's or a name
+    re.DOTALL | re.MULTILINE)
+"""The integer literals of a packed GEMM's driver that may become parameters (the last group);
+the other groups are what a match skips, the same way over a helper's text with and without its
+comments (:func:`_integers`)."""
+_SIZED = "ocannl_gemm_"
+"""What the text of a packed GEMM's driver has and no other helper: the call of its micro-kernel."""
 _CALL = re.compile(r"(\s*)(\w+)\((.*)\);\Z")
 
 
@@ -54,6 +77,9 @@ class _Helper:
     """Its check numbers, in order of first appearance."""
     keys: tuple[str, ...]
     """Its :data:`_KEY` literals, in order of first appearance."""
+    integers: tuple[int, ...]
+    """A packed GEMM driver's integer literals that may become parameters (:data:`_INTEGER`), in
+    order; ``()`` for other helpers, whose integers are in :attr:`key`."""
     key: str
     """Its text with comments dropped and its own names and check numbers renumbered."""
     canonical: dict[str, int]
@@ -87,6 +113,9 @@ def _parse(lines: list[str], helpers: dict[str, _Helper], family: dict[str, int]
     sites = tuple(renumbered)
     keys: dict[str, int] = {}  # a key's literal -> its number in the key, by first appearance
     text = _KEY.sub(lambda m: f"@k{keys.setdefault(m.group(0), len(keys))}", text)
+    integers: list[int] = []
+    if _SIZED in text and "@f" not in text:  # a driver calls no helper: its calls' numbers stay out
+        text = _integers(text, lambda literal: integers.append(int(literal)) or "#")
     pieces = _IDENTIFIER.split(text)  # what is between the names, then a name, and so on
     names = pieces[1::2]
     own, order = set(params), {}
@@ -97,7 +126,14 @@ def _parse(lines: list[str], helpers: dict[str, _Helper], family: dict[str, int]
     # The text with a mark where each name stands, then the names renamed: one pass of re.
     key = "\n".join([lines[0][: match.start(1)], *signature, "$".join(pieces[0::2]),
                      " ".join([order.get(n, n) for n in names])])
-    return _Helper(lines, match.group(1), params, sites, tuple(keys), key, {p: int(order[p][1:]) for p in params})
+    return _Helper(lines, match.group(1), params, sites, tuple(keys), tuple(integers), key,
+                   {p: int(order[p][1:]) for p in params})
+
+
+def _integers(text: str, replace) -> str:
+    """``text`` with each integer literal :data:`_INTEGER` lets become a parameter replaced by
+    ``replace(literal)``, in order."""
+    return _INTEGER.sub(lambda m: replace(m.group(5)) if m.group(5) else m.group(0), text)
 
 
 def _is_site(m: re.Match) -> bool:
@@ -114,7 +150,9 @@ def _canonical_call(line: str, helpers: dict[str, _Helper], family: dict[str, in
     if callee is None:
         return line
     args, sites = callee.canonical_args(match.group(3).split(", ")), " ".join(map(str, callee.sites))
-    return f"{match.group(1)}@f{family[callee.name]}({', '.join(args)}; sites {sites}; keys {' '.join(callee.keys)});"
+    integers = " ".join(map(str, callee.integers))
+    return (f"{match.group(1)}@f{family[callee.name]}({', '.join(args)}; sites {sites}; keys {' '.join(callee.keys)}; "
+            f"integers {integers});")
 
 
 def share_identical_helpers(functions: list[list[str]], body: list[str]) -> tuple[list[list[str]], list[str]]:
@@ -138,10 +176,15 @@ def share_identical_helpers(functions: list[list[str]], body: list[str]) -> tupl
     for first, *others in (m for m in families.values() if len(m) > 1):
         by_site = any(m.sites != first.sites for m in others)
         by_key = any(m.keys != first.keys for m in others)
-        kept[first.name] = _with_constant_params(first, by_site, by_key)
-        for m in [first, *others]:
+        # The integers the members differ in, a parameter per distinct column of values.
+        columns = list(zip(*(m.integers for m in [first, *others])))
+        varying = list(dict.fromkeys(c for c in columns if len(set(c)) > 1))
+        by_integer = [varying.index(c) if c in varying else None for c in columns]
+        kept[first.name] = _with_constant_params(first, by_site, by_key, by_integer)
+        for column, m in enumerate([first, *others]):
             position = {m.canonical[p]: k for k, p in enumerate(m.params)}
-            constants = [*map(str, m.sites if by_site else ()), *(m.keys if by_key else ())]
+            constants = [*map(str, m.sites if by_site else ()), *(m.keys if by_key else ()),
+                         *(str(values[column]) for values in varying)]
             calls[m.name] = (first.name, [position[first.canonical[p]] for p in first.params], constants)
     if not calls:
         return functions, body
@@ -156,11 +199,13 @@ def share_identical_helpers(functions: list[list[str]], body: list[str]) -> tupl
     return out, _redirect(body, calls)
 
 
-def _with_constant_params(helper: _Helper, sites: bool, keys: bool) -> list[str]:
-    """``helper``'s lines taking its check numbers (``sites``) as parameters ``int _site<k>``
-    and its Threefry keys (``keys``) as parameters ``uint4x32_t _key<k>``, before the status
-    cell."""
-    if not (sites or keys):
+def _with_constant_params(helper: _Helper, sites: bool, keys: bool, integers: list[int | None]) -> list[str]:
+    """``helper``'s lines taking its check numbers (``sites``) as parameters ``int _site<k>``,
+    its Threefry keys (``keys``) as parameters ``uint4x32_t _key<k>`` and its integer literals
+    as parameters ``int64_t _n<k>`` (``integers``: per literal of :attr:`_Helper.integers`, its
+    parameter's number, ``None`` where it stays), before the status cell."""
+    count = len(set(integers) - {None})
+    if not (sites or keys or count):
         return helper.lines
     end = 1 + len(helper.params)
     def site(m: re.Match) -> str:  # a number quoted in a comment stays
@@ -172,8 +217,12 @@ def _with_constant_params(helper: _Helper, sites: bool, keys: bool) -> list[str]
         body = [_SITE.sub(site, line) for line in body]
     if keys:
         body = [_KEY.sub(lambda m: f"_key{helper.keys.index(m.group(0))}", line) for line in body]
+    if count:
+        at = iter(integers)
+        body = _integers("\n".join(body), lambda literal: literal if (k := next(at)) is None else f"_n{k}").split("\n")
     params = [f"    int _site{k}," for k in range(len(helper.sites) if sites else 0)]
     params += [f"    uint4x32_t _key{k}," for k in range(len(helper.keys) if keys else 0)]
+    params += [f"    int64_t _n{k}," for k in range(count)]
     return helper.lines[: end - 1] + params + [helper.lines[end - 1]] + body
 
 
