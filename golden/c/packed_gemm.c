@@ -23,7 +23,7 @@ typedef float ocannl_f32x8u __attribute__((vector_size(32), aligned(4)));
 /* c[6 x 16] (row stride ldc) += a[kc x 6] * b[kc x 16], packed strips, each block of 64 terms summed from zero, then added to c;
    12 accumulators of 8 floats, one lane per cell; fresh: c holds no value yet,
    its cells start from start (their reset). */
-static inline void ocannl_gemm_6x16_f32x8_blocks64_ab(
+static __attribute__((noinline)) void ocannl_gemm_6x16_f32x8_blocks64_ab(
     int64_t kc, const float *restrict a, const float *restrict b, float *restrict c, int64_t ldc,
     int fresh, float start) {
   const ocannl_f32x8 _s = {start, start, start, start, start, start, start, start};
