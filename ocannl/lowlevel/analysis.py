@@ -447,7 +447,29 @@ def last_check(stmts: tuple[Stmt, ...] | list[Stmt]) -> int:
     """The index of the last of a routine's top-level statements that :func:`can_fail`, -1 for
     none, counting as checked the ``oc.take`` positions earlier statements checked
     (:func:`checked_positions`) from nodes no statement wrote since: a training step's embedding
-    gradient scatters by the token ids its forward gather checked, so only the gather can fail."""
+    gradient scatters by the token ids its forward gather checked, so only the gather can fail.
+
+    Remembered for the last few bodies (by the identity of their statements, which the memo keeps
+    alive): a routine's executable and its backend's printer both ask, and a deep network's
+    answer takes a walk over every access of the routine."""
+    stmts = tuple(stmts)
+    ids = tuple(map(id, stmts))
+    known = _LAST_CHECKS.get(ids)
+    if known is not None:
+        return known[1]
+    last = _last_check(stmts)
+    if len(_LAST_CHECKS) >= 4:
+        del _LAST_CHECKS[next(iter(_LAST_CHECKS))]
+    _LAST_CHECKS[ids] = (stmts, last)
+    return last
+
+
+_LAST_CHECKS: dict[tuple[int, ...], tuple[tuple[Stmt, ...], int]] = {}
+""":func:`last_check`'s memo: the ids of a body's statements -> the statements (kept alive, so
+the ids stay theirs) and the answer."""
+
+
+def _last_check(stmts: tuple[Stmt, ...]) -> int:
     checked: list[CheckedPositions] = []
     last = -1
     for k, s in enumerate(stmts):

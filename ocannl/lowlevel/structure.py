@@ -57,36 +57,60 @@ def structure(stmt: Stmt, node_facts: Callable[[TNode], Hashable] = lambda node:
     locals_: dict[Local, int] = {}
 
     def walk(x: object) -> Hashable:
-        if isinstance(x, TNode):
+        kind = _KINDS.get(type(x)) or _kind(type(x))
+        if kind == "dataclass":
+            return (type(x).__name__, *(walk(getattr(x, f)) for f in _FIELDS[type(x)]))
+        if kind == "sequence":
+            return (type(x).__name__, *map(walk, x))
+        if kind == "plain":
+            return (type(x).__name__, x)
+        if kind == "symbol":
+            return ("symbol", symbols.setdefault(x, len(symbols)))
+        if kind == "node":
             k = nodes.get(x)
             if k is not None:
                 return ("node", k)
             nodes[x] = len(nodes)
             return ("node", len(nodes) - 1, x.dims, x.dtype, x.memory_mode, node_facts(x))
-        if isinstance(x, Symbol):
-            return ("symbol", symbols.setdefault(x, len(symbols)))
-        if isinstance(x, Local):
+        if kind == "local":
             k = locals_.get(x)
             if k is not None:
                 return ("local", k)
             locals_[x] = len(locals_)
-            return ("local", len(locals_) - 1, *(walk(getattr(x, f)) for f in _fields(type(x))))
-        if isinstance(x, float):
+            return ("local", len(locals_) - 1, *(walk(getattr(x, f)) for f in _FIELDS[type(x)]))
+        if kind == "float":
             return ("float", struct.pack("<d", x))
-        if isinstance(x, (tuple, list)):
-            return (type(x).__name__, *map(walk, x))
-        if isinstance(x, _PLAIN):
-            return (type(x).__name__, x)
-        if dataclasses.is_dataclass(x) and not isinstance(x, type):
-            return (type(x).__name__, *(walk(getattr(x, f)) for f in _fields(type(x))))
         return ("object", id(x))  # kept alive by the statement, so its id is its own
 
     key = walk(stmt)
     return Structure(key, tuple(nodes), tuple(symbols), tuple(locals_))
 
 
-def _fields(cls: type) -> tuple[str, ...]:
-    names = _FIELDS.get(cls)
-    if names is None:
-        names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))
-    return names
+_KINDS: dict[type, str] = {}
+"""What :func:`structure`'s walk does with a value of each type (:func:`_kind`), by its exact
+type: a walk visits every field of a deep network's statements, and one dictionary lookup a
+value is cheaper than a chain of ``isinstance`` tests."""
+
+
+def _kind(cls: type) -> str:
+    """How :func:`structure` walks a value of type ``cls``, remembered in :data:`_KINDS`."""
+    if issubclass(cls, TNode):
+        kind = "node"
+    elif issubclass(cls, Symbol):
+        kind = "symbol"
+    elif issubclass(cls, Local):
+        kind = "local"
+    elif issubclass(cls, float):
+        kind = "float"
+    elif issubclass(cls, (tuple, list)):
+        kind = "sequence"
+    elif issubclass(cls, _PLAIN):
+        kind = "plain"
+    elif dataclasses.is_dataclass(cls):
+        kind = "dataclass"
+    else:
+        kind = "object"
+    if kind in ("dataclass", "local"):
+        _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    _KINDS[cls] = kind
+    return kind
