@@ -174,6 +174,16 @@ product reusing each value only a dozen times does not earn back. The CNN step o
 240 µs with both in vector tiles (``docs/codegen.md``); an MLP's products (64 x 256 x 256: 51)
 run faster packed."""
 
+GEMM_THIN_MIN_WORK = 1 << 20
+"""Multiply-adds from which a product thinner than :data:`GEMM_MIN_TILES` is still packed, when
+its other operand is read in place (``Packing.in_place``), so that no packed value serves only a
+few multiply-adds: the edge tiles run through a buffer on lanes partly padding, still far
+faster than register tiles whose operands are both contiguous along the terms (scalar cells).
+The 784-1024-1024-10 MLP step's output layer (128 rows, 10 classes, 1024 terms) took 280-370 µs
+in 4 x 10 scalar register tiles and 72 µs packed, its weight gradient (10 rows) 67-133 µs and
+67, the step 15.6 ms and 14.9 (Zen 4, one thread). Smaller thin products (a 64 x 128 x 10
+layer) keep their register tiles (:data:`GEMM_MIN_TILES`)."""
+
 GEMM_MIN_TILES = (2, 1)
 """Whole micro-kernel tiles a packed GEMM needs down its rows and across its columns: a product
 narrower than one tile (10 classes against an ``nr`` of 32) would only run edge tiles, through a
@@ -487,15 +497,24 @@ def plan_gemm(plan: ContractionPlan, vector_bytes: int) -> GemmPlan | None:
     n_k = math.prod(n for _, n in k)
     m, n = math.prod(n for _, n in rows), math.prod(n for _, n in cols)
     mr, nr = _gemm_tile(m, block is None or n_k <= block, vector_bytes)
-    if m < GEMM_MIN_TILES[0] * mr or n < GEMM_MIN_TILES[1] * nr or m * n < GEMM_MIN_REUSE * (m + n):
-        return None
     mc, kc, nc = GEMM_BLOCKING  # whole tiles per block, whole summation blocks per panel
     unit = block or 1
     mc, nc, kc = max(mr, mc // mr * mr), max(nr, nc // nr * nr), max(unit, kc // unit * unit)
     if plan.scope is not None and n_k > kc:
         return None
-    row_stride, col_stride = _flat_stride(rows, c_coefficient), _flat_stride(cols, c_coefficient)
     lanes = vector_bytes // 4 if vector_bytes in GEMM_TILES and vector_bytes else 1
+    # A packed value of A serves the tiles of its row across a panel's columns, one of B the
+    # tiles of its column down the rows.
+    operands = {**extent, **dict(k)}
+    a_packing = _packing(product.a, rows, k, kc, operands, mr, False, -(-min(n, nc) // nr))
+    b_packing = _packing(product.b, cols, k, kc, operands, nr, lanes > 1, -(-m // mr))
+    packed = (m if a_packing.in_place is None else 0) + (n if b_packing.in_place is None else 0)
+    if packed and m * n < GEMM_MIN_REUSE * packed:
+        return None
+    thin = m < GEMM_MIN_TILES[0] * mr or n < GEMM_MIN_TILES[1] * nr
+    if thin and (packed == m + n or plan.work < GEMM_THIN_MIN_WORK):
+        return None
+    row_stride, col_stride = _flat_stride(rows, c_coefficient), _flat_stride(cols, c_coefficient)
     # The block sums, as many running totals, a row of B and a value of A, all in registers:
     # the tile is then read and written once a call instead of once a block. On Zen 4 (12 x 16,
     # blocks of 64, kc 256) that took the 1024 product from 82 to 93-94 GFLOP/s on one core:
@@ -520,8 +539,8 @@ def plan_gemm(plan: ContractionPlan, vector_bytes: int) -> GemmPlan | None:
         nc=nc,
         parallel=plan.work >= GEMM_PARALLEL_MIN_WORK,
         totals_in_registers=totals_in_registers,
-        a_packing=_packing(product.a, rows, k, kc, {**extent, **dict(k)}, mr, unit_along=False),
-        b_packing=_packing(product.b, cols, k, kc, {**extent, **dict(k)}, nr, unit_along=lanes > 1),
+        a_packing=a_packing,
+        b_packing=b_packing,
     )
 
 
@@ -551,11 +570,12 @@ def _factor_load(factor: Expr) -> Load | None:
 
 
 def _packing(expr: Expr, along: Loops, k: Loops, kc: int, extents: dict[AnySymbol, int], width: int,
-             unit_along: bool) -> Packing:
+             unit_along: bool, reuse: int) -> Packing:
     """How to pack the factor ``expr``, read by the loops ``along`` (its rows or columns) and
     ``k``, with panels of ``kc`` terms into strips ``width`` rows or columns wide
     (:class:`Packing`); ``unit_along``: the micro-kernel reads the strip's rows or columns as one
-    vector, so an operand read in place must be contiguous along them."""
+    vector, so an operand read in place must be contiguous along them; ``reuse``: the
+    micro-kernel calls that would read each packed strip."""
     factor = _factor_load(expr)
     assert factor is not None, "plan_gemm packs factors that read one load"
     dims = factor.tnode.dims
@@ -576,22 +596,28 @@ def _packing(expr: Expr, along: Loops, k: Loops, kc: int, extents: dict[AnySymbo
     if expr == factor and flat_along and flat_k:
         strides = (_flat_stride(along, coefficient), _flat_stride(k, coefficient))
         extent = math.prod(n for _, n in along)
-        if _in_place(strides, extent, depth, width, unit_along, factor.dtype.itemsize):
+        if _in_place(strides, extent, depth, width, unit_along, factor.dtype.itemsize, reuse):
             in_place = strides
     return Packing(flat_along, flat_k, PACK_K_BLOCK if contiguous and aliasing and whole_blocks else None, in_place)
 
 
-def _in_place(strides: tuple[int, int], extent: int, depth: int, width: int, unit_along: bool, itemsize: int) -> bool:
+def _in_place(strides: tuple[int, int], extent: int, depth: int, width: int, unit_along: bool, itemsize: int,
+              reuse: int) -> bool:
     """Whether the micro-kernel reads an operand of ``extent`` rows (or columns) by ``depth`` terms
     where it lies, ``strides`` apart (:data:`IN_PLACE_MAX_BYTES`), rather than from packed strips
-    ``width`` wide: the operand is small enough to stay in the caches between the tiles that read
-    it, its rows (or columns) fill whole strips (a strip past its end would read beyond the
-    buffer), a vector's worth of them lie side by side where the kernel loads them as one
-    (``unit_along``), and neither stride is a multiple of :data:`PACK_ALIASING_BYTES`, which would
-    put the tile's values in one set of the L1 cache."""
+    ``width`` wide that ``reuse`` micro-kernel calls would read. Its rows (or columns) must fill
+    whole strips (a strip past its end would read beyond the buffer) and, where the kernel loads a
+    vector's worth of them as one (``unit_along``), lie side by side. Then an operand each of whose
+    strips one call reads is read in place whatever its size: packing would copy every value for
+    one use (an MLP's 10-class output layer, whose 10 columns are one strip). Otherwise the
+    operand must be small enough to stay in the caches between the calls that read it, neither
+    stride a multiple of :data:`PACK_ALIASING_BYTES`, which would put the tile's values in one set
+    of the L1 cache."""
     along, k = strides
     if along <= 0 or k <= 0 or extent % width or (unit_along and along != 1):
         return False
+    if reuse <= 1:
+        return True
     if extent * depth * itemsize > IN_PLACE_MAX_BYTES:
         return False
     return all(stride * itemsize % PACK_ALIASING_BYTES for stride in strides)

@@ -352,6 +352,36 @@ def test_small_operands_are_read_in_place_with_the_interpreters_bits(packed_from
         assert "pack A" not in text and "pack B" not in text and "aligned_alloc" not in text, text
 
 
+@needs_c
+def test_a_ten_class_layer_is_packed_reading_its_wide_operand_in_place():
+    """An MLP's 10-class output layer (128 x 1024 x 10, 1.3M multiply-adds): its forward product
+    reads the activations in place (10 columns are one strip: each row would be packed for one
+    use) and pads the 10 columns to a tile; its weight gradient reads them in place down 10 rows
+    of one tile. Both are packed GEMMs with the interpreter's bits."""
+    rng = np.random.default_rng(5)
+
+    def step(backend: str):
+        session.reset()
+        x = oc.tensor(rng_x, batch=1, label="x")
+        w = oc.param("w", output=10, init=w_init)
+        loss = ((w @ x).materialize() * oc.tensor(r, batch=1)).sum()
+        update = train.grad_update(loss)
+        ctx = oc.Context(backend)
+        routine = ctx.compile(update, train.sgd_update(update, lr=0.01))
+        routine.run()
+        text = routine._executable.source.text if backend == "c" else ""
+        return {"w": ctx.get(w.value), "w.grad": ctx.get(w.grad)}, text
+
+    rng_x = rng.standard_normal((128, 1024)).astype(np.float32)
+    w_init = rng.standard_normal((10, 1024)).astype(np.float32) / 32
+    r = rng.standard_normal((128, 10)).astype(np.float32)
+    got, text = step("c")
+    expected, _ = step("interp")
+    assert_same_bits(got, expected, "10-class layer")
+    assert text.count("as a packed GEMM") == 2, text
+    assert "_a1024x1(" in text and "_b1x1024(" in text, "the activations read in place, rows and columns"
+
+
 def test_plan_reads_in_place_only_small_operands_that_fill_whole_strips():
     """The 64 x 32 operands of a product are read in place; a 512 x 512 one (1 MiB) is packed, and
     so is one of 60 rows, which a strip of 16 would overrun."""
