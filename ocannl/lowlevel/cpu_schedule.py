@@ -50,7 +50,7 @@ from ocannl.lowlevel.ir import (
 )
 from ocannl.lowlevel.rewrite import FreshCopy, Rewriter
 from ocannl.lowlevel.scalar_ops import Binop, Ternop
-from ocannl.lowlevel.schedule import block_terms, blocked_reduction_of, contraction_of, reduction_of
+from ocannl.lowlevel.schedule import Contraction, block_terms, blocked_reduction_of, contraction_of, reduction_of
 from ocannl.lowlevel.tnode import TNode
 
 PARALLEL_MIN_WORK = 1 << 15
@@ -503,17 +503,10 @@ def plan_gemm(plan: ContractionPlan, vector_bytes: int) -> GemmPlan | None:
     if plan.scope is not None and n_k > kc:
         return None
     lanes = vector_bytes // 4 if vector_bytes in GEMM_TILES and vector_bytes else 1
-    # A packed value of A serves the tiles of its row across a panel's columns, one of B the
-    # tiles of its column down the rows.
-    operands = {**extent, **dict(k)}
-    a_packing = _packing(product.a, rows, k, kc, operands, mr, False, -(-min(n, nc) // nr))
-    b_packing = _packing(product.b, cols, k, kc, operands, nr, lanes > 1, -(-m // mr))
-    packed = (m if a_packing.in_place is None else 0) + (n if b_packing.in_place is None else 0)
-    if packed and m * n < GEMM_MIN_REUSE * packed:
+    packings = _packings(plan, product, (rows, cols, k), (mr, nr, kc, nc), lanes, {**extent, **dict(k)})
+    if packings is None:
         return None
-    thin = m < GEMM_MIN_TILES[0] * mr or n < GEMM_MIN_TILES[1] * nr
-    if thin and (packed == m + n or plan.work < GEMM_THIN_MIN_WORK):
-        return None
+    a_packing, b_packing = packings
     row_stride, col_stride = _flat_stride(rows, c_coefficient), _flat_stride(cols, c_coefficient)
     # The block sums, as many running totals, a row of B and a value of A, all in registers:
     # the tile is then read and written once a call instead of once a block. On Zen 4 (12 x 16,
@@ -542,6 +535,28 @@ def plan_gemm(plan: ContractionPlan, vector_bytes: int) -> GemmPlan | None:
         a_packing=a_packing,
         b_packing=b_packing,
     )
+
+
+def _packings(plan: ContractionPlan, product: Contraction, loops: tuple[Loops, Loops, Loops],
+              sizes: tuple[int, int, int, int], lanes: int, extents: dict[AnySymbol, int]
+              ) -> tuple[Packing, Packing] | None:
+    """How a packed GEMM reads its two operands (:func:`_packing`), or ``None`` when packing them
+    would not pay: fewer than :data:`GEMM_MIN_REUSE` multiply-adds per packed value, or a product
+    thinner than :data:`GEMM_MIN_TILES` without an operand read in place or below
+    :data:`GEMM_THIN_MIN_WORK`. ``loops``: its rows, columns and terms; ``sizes``: ``mr, nr, kc,
+    nc``. A packed value of A serves the tiles of its row across a panel's columns, one of B the
+    tiles of its column down the rows."""
+    (rows, cols, k), (mr, nr, kc, nc) = loops, sizes
+    m, n = math.prod(n for _, n in rows), math.prod(n for _, n in cols)
+    a_packing = _packing(product.a, rows, k, kc, extents, mr, False, -(-min(n, nc) // nr))
+    b_packing = _packing(product.b, cols, k, kc, extents, nr, lanes > 1, -(-m // mr))
+    packed = (m if a_packing.in_place is None else 0) + (n if b_packing.in_place is None else 0)
+    if packed and m * n < GEMM_MIN_REUSE * packed:
+        return None
+    thin = m < GEMM_MIN_TILES[0] * mr or n < GEMM_MIN_TILES[1] * nr
+    if thin and (packed == m + n or plan.work < GEMM_THIN_MIN_WORK):
+        return None
+    return a_packing, b_packing
 
 
 def _gemm_tile(m: int, one_block: bool, vector_bytes: int) -> tuple[int, int]:

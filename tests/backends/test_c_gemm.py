@@ -284,6 +284,19 @@ def test_a_batch_of_products_is_shared_out_by_product_first(packed_from_one):
     assert "_u = (2*_nt + 2) / 3; _r <= _u" in c_source(batched(3))
 
 
+def use_isa(monkeypatch, isa: str) -> None:
+    """Builds for ``isa`` (``host``: the machine's own vectors), skipping where this CPU or
+    compiler has no such target."""
+    if isa == "host":
+        return
+    monkeypatch.setenv("OCANNL_C_ISA", isa)
+    from ocannl.backends.c import compiler
+    try:
+        compiler.toolchain()
+    except OcannlError as e:  # this CPU or compiler has no such target
+        pytest.skip(f"c_isa={isa}: {e}")
+
+
 @needs_c
 @pytest.mark.parametrize("isa,kernel", [
     ("portable", "_f32_"),
@@ -294,12 +307,7 @@ def test_a_batch_of_products_is_shared_out_by_product_first(packed_from_one):
 def test_each_micro_kernel_equals_interpreter(packed_from_one, monkeypatch, isa, kernel):
     """The scalar kernel of ``portable``, the SSE one of ``x86-64-v2`` (4 floats a vector) and
     the AVX2 one of ``x86-64-v3`` (8), besides the host's own (the tests above)."""
-    monkeypatch.setenv("OCANNL_C_ISA", isa)
-    from ocannl.backends.c import compiler
-    try:
-        compiler.toolchain()
-    except OcannlError as e:  # this CPU or compiler has no such target
-        pytest.skip(f"c_isa={isa}: {e}")
+    use_isa(monkeypatch, isa)
     text = c_source(lambda: oc.tensor(np.ones((20, 70), np.float32), input=1)
                     @ oc.tensor(np.ones((70, 30), np.float32), input=1))
     assert "ocannl_gemm_" in text and kernel in text
@@ -329,19 +337,6 @@ def attention_product(backend: str, name: str) -> np.ndarray:
     routine.run()
     text = routine._executable.source.text if backend == "c" else ""
     return ctx.get(c.value), text
-
-
-def use_isa(monkeypatch, isa: str) -> None:
-    """Builds for ``isa`` (``host``: the machine's own vectors), skipping where this CPU or
-    compiler has no such target."""
-    if isa == "host":
-        return
-    monkeypatch.setenv("OCANNL_C_ISA", isa)
-    from ocannl.backends.c import compiler
-    try:
-        compiler.toolchain()
-    except OcannlError as e:
-        pytest.skip(f"c_isa={isa}: {e}")
 
 
 AVX512 = pytest.param("x86-64-v4", marks=pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),

@@ -92,38 +92,12 @@ def kernel(shape: MicroKernel) -> list[str]:
             return f"c[{offset}]"
         return f"*({vector}u *)(c + {offset})"
 
-    def product(r: int, v: int) -> str:
-        return f"_a{r} * _b{v}" if shape.a_first else f"_b{v} * _a{r}"
-
-    b_along, b_k = shape.b_in_place or (1, nr)
-    a_along, a_k = shape.a_in_place or (1, mr)
-    b_vector = vector if shape.b_in_place is None else vector_type(lanes, aligned=False)
-
     def step(indent: str) -> list[str]:
-        lines = []
-        for v in range(nv):
-            load = (f"b[{b_k}*k + {v * b_along}]" if lanes == 1
-                    else f"*(const {b_vector} *)(b + {b_k}*k + {v * lanes})")
-            lines.append(f"{indent}const {vector} _b{v} = {load};")
-        for r in range(mr):
-            lines.append(f"{indent}const float _a{r} = a[{a_k}*k + {r * a_along}];")
-            lines += [f"{indent}_c{r}_{v} = _c{r}_{v} + {product(r, v)};" for v in range(nv)]
-        return lines
+        return [indent + line for line in _step(shape, vector)]
 
-    what = (f"each block of {shape.block} terms summed from zero, then added to c" if shape.block
-            else "added to c one term after the other")
     splat = f"{{{', '.join(['start'] * lanes)}}}" if lanes > 1 else "start"
-
-    def operand(side: str, width: int, strides: tuple[int, int] | None) -> str:
-        return (f"{side}[kc x {width}]" if strides is None
-                else f"{side} read in place ({strides[0]} apart across, {strides[1]} along k)")
-
-    packed = ", packed strips" if shape.a_in_place is None and shape.b_in_place is None else ""
     lines = [
-        f"/* c[{mr} x {nr}] (row stride ldc) += {operand('a', mr, shape.a_in_place)} * "
-        f"{operand('b', nr, shape.b_in_place)}{packed}, {what};",
-        f"   {mr * nv} accumulators of {lanes} float{'s' if lanes > 1 else ''}, one lane per cell; fresh: c holds no value yet,",
-        "   its cells start from start (their reset). */",
+        *_comment(shape),
         f"{KERNEL_LINKAGE} void {kernel_name(shape)}(",
         "    int64_t kc, const float *restrict a, const float *restrict b, float *restrict c, int64_t ldc,",
         "    int fresh, float start) {",
@@ -167,6 +141,46 @@ def kernel(shape: MicroKernel) -> list[str]:
             *(f"  {c_cell(r, v)} = _c{r}_{v};" for r, v in cells),
         ]
     return lines + ["}"]
+
+
+def _step(shape: MicroKernel, vector: str) -> list[str]:
+    """One term of every cell of the tile: the right strip's vectors, then each left value
+    broadcast, multiplied and added; an operand read in place at its strides, else from its
+    packed strip (``k`` after ``k``)."""
+    mr, nr, lanes = shape.mr, shape.nr, shape.lanes
+    b_along, b_k = shape.b_in_place or (1, nr)
+    a_along, a_k = shape.a_in_place or (1, mr)
+    b_vector = vector if shape.b_in_place is None else vector_type(lanes, aligned=False)
+    lines = []
+    for v in range(nr // lanes):
+        load = f"b[{b_k}*k + {v * b_along}]" if lanes == 1 else f"*(const {b_vector} *)(b + {b_k}*k + {v * lanes})"
+        lines.append(f"const {vector} _b{v} = {load};")
+    for r in range(mr):
+        lines.append(f"const float _a{r} = a[{a_k}*k + {r * a_along}];")
+        lines += [f"_c{r}_{v} = _c{r}_{v} + {f'_a{r} * _b{v}' if shape.a_first else f'_b{v} * _a{r}'};"
+                  for v in range(nr // lanes)]
+    return lines
+
+
+def _comment(shape: MicroKernel) -> list[str]:
+    """The comment before a micro-kernel: its tile, how it reads its operands, its summation
+    order."""
+    mr, nr, lanes = shape.mr, shape.nr, shape.lanes
+
+    def operand(side: str, width: int, strides: tuple[int, int] | None) -> str:
+        return (f"{side}[kc x {width}]" if strides is None
+                else f"{side} read in place ({strides[0]} apart across, {strides[1]} along k)")
+
+    what = (f"each block of {shape.block} terms summed from zero, then added to c" if shape.block
+            else "added to c one term after the other")
+    packed = ", packed strips" if shape.a_in_place is None and shape.b_in_place is None else ""
+    return [
+        f"/* c[{mr} x {nr}] (row stride ldc) += {operand('a', mr, shape.a_in_place)} * "
+        f"{operand('b', nr, shape.b_in_place)}{packed}, {what};",
+        f"   {mr * (nr // lanes)} accumulators of {lanes} float{'s' if lanes > 1 else ''}, one lane per cell; fresh: "
+        "c holds no value yet,",
+        "   its cells start from start (their reset). */",
+    ]
 
 
 class CGemm:
