@@ -47,16 +47,16 @@ KERNEL_LINKAGE = "static __attribute__((noinline))"
 calls it twice (whole tiles, edge tiles through a buffer), and inlined, each of its unrolled
 copies was compiled again in every driver. A call costs nothing next to a call's ``kc`` steps of
 ``mr x nr`` multiply-adds: the GPT step of ``bench/cpu_steps.py`` took 38.9 ms a step rather than
-39.6, the 784-1024-1024 MLP's 16.1 rather than 16.1 (best rounds, both builds in one process
-taking turns, one thread, Zen 4), and its cold build's compiler time went from 4.3 to 3.9 s."""
+39.6, the 784-1024-1024 MLP's 16.1 ms as before (best rounds, both builds in one process taking
+turns, one thread, Zen 4), and the GPT's cold build's compiler time went from 4.3 to 3.9 s."""
 
 
 def kernel_name(shape: MicroKernel) -> str:
     """The C name of a micro-kernel: ``ocannl_gemm_6x16_f32x8_blocks64_ab``."""
     order = f"blocks{shape.block}" if shape.block else "inorder"
     vector = f"f32x{shape.lanes}" if shape.lanes > 1 else "f32"
-    in_place = "".join(f"_{side}{strides[0]}x{strides[1]}" for side, strides in (("a", shape.a_in_place), ("b", shape.b_in_place))
-                       if strides is not None)
+    read_in_place = (("a", shape.a_in_place), ("b", shape.b_in_place))
+    in_place = "".join(f"_{side}{strides[0]}x{strides[1]}" for side, strides in read_in_place if strides is not None)
     return f"ocannl_gemm_{shape.mr}x{shape.nr}_{vector}_{order}_{'ab' if shape.a_first else 'ba'}{in_place}"
 
 

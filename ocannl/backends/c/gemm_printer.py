@@ -150,7 +150,8 @@ class _GemmPrinter:
 
     def packed(self) -> list[str]:
         """The packing buffers a thread needs, for their comment."""
-        return [what for what, size in (("packed panel of B", self.panel_b), ("packed block of A", self.block_a)) if size]
+        buffers = (("packed panel of B", self.panel_b), ("packed block of A", self.block_a))
+        return [what for what, size in buffers if size]
 
     def thread_shares(self) -> None:
         """The units: two per thread, ``_ru`` row shares by ``_cu`` column shares. A unit packs
