@@ -84,6 +84,13 @@ TILE_BYTES = 64
 the unit-stride column loop (4 x 16 floats): 64 independent accumulators, enough to hide the
 adder latency that an in-order sum per cell would otherwise expose."""
 
+SCALAR_TILE_CELLS = 8
+SCALAR_TILE_COLUMNS = 4
+"""A tile whose columns no term reads adjacent, and whose terms the walk cannot build vectors
+of (a row's mean, max or sum of exponentials, along the rows' contiguous axis), runs in scalar
+registers: 8 cells, ``SCALAR_TILE_COLUMNS`` of them a row, are independent sums enough to keep
+two adders busy. 64 (4 x 16) ran no faster and took GCC several times as long."""
+
 REDUCTION_BLOCK = 128
 """The reduction steps a tile runs before moving on to the next tile (cache blocking of the
 outermost reduction loop)."""
@@ -398,8 +405,7 @@ def _plan_contraction(loop: For) -> ContractionPlan | None:
     rows = _choose_rows(others, cols, [term])
     outer = tuple(p for p in others if rows is None or p[0] is not rows[0])
     itemsize = (scope.local.dtype if scope is not None else out.dtype.compute).itemsize
-    nr = min(TILE_BYTES // itemsize, cols[1]) if cols else 1
-    mr = min(TILE_ROWS, rows[1]) if rows else 1
+    mr, nr = _tile_shape({p for p, _ in parallel}, rows, cols, op, [term], itemsize)
     inner = math.prod(n for _, n in reductions[1:])
     block = max(1, REDUCTION_BLOCK // inner)
     return ContractionPlan(
@@ -435,15 +441,17 @@ def _plan_blocked_contraction(loop: For) -> ContractionPlan | None:
     store, term = found.store, found.term
     cols = _choose_cols(parallel, store.indices, term)
     others = [p for p in parallel if cols is None or p[0] is not cols[0]]
-    rows = _choose_rows(others, cols, leaf_terms(found.blocks) if found.blocks is not None else [term])
+    terms = leaf_terms(found.blocks) if found.blocks is not None else [term]
+    rows = _choose_rows(others, cols, terms)
+    mr, nr = _tile_shape({p for p, _ in parallel}, rows, cols, found.op, terms, store.tnode.dtype.compute.itemsize)
     return ContractionPlan(
         nest=loop,
         parallel=tuple(parallel),
         outer=tuple(p for p in others if rows is None or p[0] is not rows[0]),
         rows=rows,
         cols=cols,
-        mr=min(TILE_ROWS, rows[1]) if rows else 1,
-        nr=min(TILE_BYTES // store.tnode.dtype.compute.itemsize, cols[1]) if cols else 1,
+        mr=mr,
+        nr=nr,
         reductions=(),
         block=None,
         store=store,
@@ -783,6 +791,27 @@ def _choose_rows(
         if free:
             return free[-1]
     return others[-1]
+
+
+def _tile_shape(parallel: set[Symbol], rows: tuple[Symbol, int] | None, cols: tuple[Symbol, int] | None, op: Binop,
+                terms: list[Expr], itemsize: int) -> tuple[int, int]:
+    """``mr x nr``, the cells of a register tile: :data:`TILE_ROWS` by a vector's bytes
+    (:data:`TILE_BYTES`) where the tile's columns can run in vector lanes (a term reads them
+    adjacent, or the walk can build its vectors, :func:`vector_factors`); else
+    :data:`SCALAR_TILE_CELLS`, :data:`SCALAR_TILE_COLUMNS` of them a row."""
+    if cols is not None and (_reads_adjacent(cols[0], parallel, terms) or (
+            op is Binop.ADD and all(vector_factors(t, rows[0] if rows else None, cols[0]) is not None for t in terms))):
+        return (min(TILE_ROWS, rows[1]) if rows else 1), min(TILE_BYTES // itemsize, cols[1])
+    nr = min(SCALAR_TILE_COLUMNS, cols[1]) if cols else 1
+    return (min(SCALAR_TILE_CELLS // nr, rows[1]) if rows else 1), nr
+
+
+def _reads_adjacent(col: Symbol, parallel: set[Symbol], terms: list[Expr]) -> bool:
+    """Whether a load of ``terms`` that moves with the reduction (reads a symbol not among the
+    ``parallel`` loops) reads adjacent elements along ``col``: its last index is ``col``."""
+    return any(isinstance(e, Load) and e.indices and isinstance(e.indices[-1], Iter) and e.indices[-1].symbol is col
+               and any(s not in parallel for i in e.indices for s in index_symbols(i))
+               for t in terms for e in iter_exprs(t))
 
 
 def leaf_terms(blocks: Stmt) -> list[Expr]:

@@ -126,3 +126,25 @@ def test_a_vector_tile_takes_a_factor_computed_from_one_load():
     assert cpu_schedule.vector_factors(two, k, c) is None
     assert cpu_schedule.vector_chain_load(copy) == copy.b
     assert cpu_schedule.vector_chain_load(Unary(Unop.EXP, copy.b)) is None
+
+
+def _row_sums(rows: int, cols: int, length: int):
+    """``out[i, j] := v { v := 0; for s: v := v + x[i, j, s] }``: a sum along the rows' contiguous
+    axis, as a layer norm's mean or a softmax's denominator."""
+    x, out = TNode("x", (rows, cols, length)), TNode("out", (rows, cols))
+    i, j, s = Symbol(), Symbol(), Symbol()
+    v = Local(dtypes.float32)
+    total = LocalScope(v, seq(SetLocal(v, Const(0.0, dtypes.float32)),
+                              loop(s, length, SetLocal(v, Binary(Binop.ADD, GetLocal(v), Load(x, (Iter(i), Iter(j), Iter(s))))))))
+    return loop(i, rows, loop(j, cols, Store(out, (Iter(i), Iter(j)), total)))
+
+
+def test_tiles_of_columns_no_term_reads_adjacent_keep_few_scalar_cells():
+    """A row sum's cells read their terms a row apart: no vector holds a tile's columns, so the
+    tile is :data:`SCALAR_TILE_CELLS` independent sums, not 4 x 16 (which only lengthened the C
+    compiler's work); a product whose columns a factor reads adjacent keeps its vector tile."""
+    sums = plan_nest(_row_sums(16, 64, 64), None, threads=False).contraction
+    assert (sums.mr, sums.nr) == (cpu_schedule.SCALAR_TILE_CELLS // cpu_schedule.SCALAR_TILE_COLUMNS,
+                                  cpu_schedule.SCALAR_TILE_COLUMNS)
+    product = plan_nest(_dense_relu(64, 64, 64), None, threads=False).contraction
+    assert (product.mr, product.nr) == (cpu_schedule.TILE_ROWS, cpu_schedule.TILE_BYTES // 4)
