@@ -202,7 +202,7 @@ def test_a_source_built_as_several_units_computes_the_same(monkeypatch, tmp_path
                         compile_objects(units, *a))
     routine, first = pointwise_chain(6)
     assert_runs_like_the_interpreter(routine, {first: np.linspace(-1.0, 1.0, 5)})
-    assert built == [4]
+    assert built == [5]  # the helpers spread over up to two units a core (here their four), one for the routine
     assert len(list((tmp_path / "c").glob("*.so"))) == 1  # one library in the cache
 
 

@@ -42,8 +42,8 @@ leave free, at most ``OMP_NUM_THREADS`` (``threads.py``).
 ``<cache>/c/probes/``), ``key = sha256(source, compiler path and version, flags)``, the version
 carrying the CPU's identity under ``native``; where ``<cache>`` is, who may write it and how each
 library is verified before it is loaded is ``ocannl/backends/cache.py``. A source longer than
-:data:`PARALLEL_BYTES` is compiled as one translation unit per core for its helper functions and
-one for the routine (``emit.translation_units``), by as many compiler processes at once, into
+:data:`PARALLEL_BYTES` is compiled as :data:`UNITS_PER_CORE` translation units per core for its
+helper functions and one for the routine (``emit.translation_units``), by as many compiler processes at once, into
 object files in a temporary folder, then linked into that one library under the same key.
 
 **Probe.** The compiler must build a tiny library that loads and computes the right value, and,
@@ -257,11 +257,18 @@ PARALLEL_BYTES = 100_000
 """The length of source above which it is compiled as several translation units at the same
 time: below it, a second compiler process would cost more than it saves."""
 
+UNITS_PER_CORE = 2
+"""Helper units per core. Units of equal length do not take the compiler equally long (a GEMM
+driver takes longer than a loop of the same length), and the compile lasts as long as its
+slowest unit: with two a core, one that finishes early leaves its core to another. The GPT
+source of ``bench/cpu_steps.py`` (2 blocks, two cores): 1.31 s in one unit a core, 1.20 in two,
+1.35 in four (each unit repeats the source's preamble); best of three."""
+
 
 def compile_shared(source: str, tc: CToolchain) -> Path:
     """The shared library built from ``source``: from ``<cache>/c`` when its digest checks, else
-    compiled into it. A long source is compiled as :func:`~ocannl.backends.c.emit.translation_units`,
-    one a core at the same time, then linked; the cache entry is still one library under the
+    compiled into it. A long source is compiled as :func:`~ocannl.backends.c.emit.translation_units`
+    (:func:`parallel_units`), at the same time, then linked; the cache entry is still one library under the
     whole source's key."""
     units = parallel_units(source)
     if len(units) == 1:
@@ -276,11 +283,13 @@ def compile_shared(source: str, tc: CToolchain) -> Path:
 
 
 def parallel_units(source: str) -> list[str]:
-    """The translation units ``source`` is compiled as: one for the routine and one per core for
-    its helper functions, or the whole source when it is short (:data:`PARALLEL_BYTES`)."""
-    if len(source) <= PARALLEL_BYTES:
+    """The translation units ``source`` is compiled as: one for the routine and
+    :data:`UNITS_PER_CORE` a core for its helper functions, or the whole source when it is short
+    (:data:`PARALLEL_BYTES`) or one core compiles it."""
+    cores = len(usable_cores())
+    if len(source) <= PARALLEL_BYTES or cores < 2:
         return [source]
-    return translation_units(source, len(usable_cores()) + 1)
+    return translation_units(source, UNITS_PER_CORE * cores + 1)
 
 
 def compile_objects(units: list[str], tc: CToolchain, folder: Path) -> list[str]:
