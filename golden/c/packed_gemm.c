@@ -11,6 +11,14 @@
 #define OCANNL_NEST_FN
 #endif
 
+/* A GEMM's micro-kernel, or loops shared by the GEMMs of a tile shape: compiled once, in one
+   translation unit, and called. */
+#if defined(__GNUC__)
+#define OCANNL_GEMM_FN __attribute__((noinline))
+#else
+#define OCANNL_GEMM_FN
+#endif
+
 /* 8 floats in one vector register; the second type reads and writes them at any float address. */
 typedef float ocannl_f32x8 __attribute__((vector_size(32)));
 typedef float ocannl_f32x8u __attribute__((vector_size(32), aligned(4)));
@@ -23,7 +31,7 @@ typedef float ocannl_f32x8u __attribute__((vector_size(32), aligned(4)));
 /* c[6 x 16] (row stride ldc) += a[kc x 6] * b[kc x 16], packed strips, each block of 64 terms summed from zero, then added to c;
    12 accumulators of 8 floats, one lane per cell; fresh: c holds no value yet,
    its cells start from start (their reset). */
-static __attribute__((noinline)) void ocannl_gemm_6x16_f32x8_blocks64_ab(
+static OCANNL_GEMM_FN void ocannl_gemm_6x16_f32x8_blocks64_ab(
     int64_t kc, const float *restrict a, const float *restrict b, float *restrict c, int64_t ldc,
     int fresh, float start) {
   const ocannl_f32x8 _s = {start, start, start, start, start, start, start, start};
@@ -93,108 +101,185 @@ static __attribute__((noinline)) void ocannl_gemm_6x16_f32x8_blocks64_ab(
   }
 }
 
-static OCANNL_NEST_FN void packed_gemm_tile2(
+/* A micro-kernel, and a packed GEMM as the shared loops of its tile shape take it: its
+   operands at their first row (column) and term, its result at its first cell, each with
+   its strides in floats along the loops around the products (outer: their extents), along
+   its rows (columns) and along the terms (the result: its rows and columns). A packed value
+   is the operand's plus a_plus or b_plus: -0.0f changes none, 0.0f makes a -0.0 positive
+   (a factor 0.0 + x). k_block: packed 16 terms of a row at a time (contiguous along k);
+   in_place: not packed, read where it lies. fresh: on the first panel the cells start from
+   start (their reset). site: the check a failed allocation of packing buffers reports. */
+typedef void (*ocannl_gemm_kernel)(int64_t, const float *restrict, const float *restrict, float *restrict,
+                                   int64_t, int, float);
+typedef struct {
+  const float *a, *b;
+  float *c;
+  int64_t outer[3], a_outer[3], b_outer[3], c_outer[3];
+  int64_t a_along, a_k, b_along, b_k, c_rows, c_cols;
+  float a_plus, b_plus;
+  int a_k_block, b_k_block, a_in_place, b_in_place;
+  int64_t m, n, depth, mc, kc, nc;
+  int fresh;
+  float start;
+  int parallel, site;
+} ocannl_gemm_args;
+
+/* A strip of 16 rows (or columns) of an operand, packed k after k (or 16 terms of each at a
+   time where it is contiguous along k), w of them read and the others zero. */
+static OCANNL_GEMM_FN void ocannl_gemm_pack_16(float *restrict strip, const float *restrict src, int64_t along,
+    int64_t k_stride, int64_t w, int64_t kc, int k_block, float plus) {
+  if (w == 16 && along == 1) {
+    for (int64_t k = 0; k < kc; ++k)
+      for (int64_t q = 0; q < 16; ++q) strip[16*k + q] = src[k_stride*k + q] + plus;
+  } else if (w == 16 && k_block) {  /* k_stride is 1 */
+    for (int64_t k0 = 0; k0 < kc; k0 += 16)
+      for (int64_t q = 0; q < 16; ++q)
+        for (int64_t k = k0; k < k0 + 16; ++k) strip[16*k + q] = src[along*q + k] + plus;
+  } else if (w == 16) {
+    for (int64_t k = 0; k < kc; ++k)
+      for (int64_t q = 0; q < 16; ++q) strip[16*k + q] = src[along*q + k_stride*k] + plus;
+  } else {
+    for (int64_t k = 0; k < kc; ++k) {
+      for (int64_t q = 0; q < w; ++q) strip[16*k + q] = src[along*q + k_stride*k] + plus;
+      for (int64_t q = w; q < 16; ++q) strip[16*k + q] = 0.0f;
+    }
+  }
+}
+
+/* A strip of 6 rows (or columns) of an operand, packed k after k (or 16 terms of each at a
+   time where it is contiguous along k), w of them read and the others zero. */
+static OCANNL_GEMM_FN void ocannl_gemm_pack_6(float *restrict strip, const float *restrict src, int64_t along,
+    int64_t k_stride, int64_t w, int64_t kc, int k_block, float plus) {
+  if (w == 6 && along == 1) {
+    for (int64_t k = 0; k < kc; ++k)
+      for (int64_t q = 0; q < 6; ++q) strip[6*k + q] = src[k_stride*k + q] + plus;
+  } else if (w == 6 && k_block) {  /* k_stride is 1 */
+    for (int64_t k0 = 0; k0 < kc; k0 += 16)
+      for (int64_t q = 0; q < 6; ++q)
+        for (int64_t k = k0; k < k0 + 16; ++k) strip[6*k + q] = src[along*q + k] + plus;
+  } else if (w == 6) {
+    for (int64_t k = 0; k < kc; ++k)
+      for (int64_t q = 0; q < 6; ++q) strip[6*k + q] = src[along*q + k_stride*k] + plus;
+  } else {
+    for (int64_t k = 0; k < kc; ++k) {
+      for (int64_t q = 0; q < w; ++q) strip[6*k + q] = src[along*q + k_stride*k] + plus;
+      for (int64_t q = w; q < 6; ++q) strip[6*k + q] = 0.0f;
+    }
+  }
+}
+
+/* One unit of work of a packed GEMM of 6x16 tiles: the product bi of the loops around the
+   products, nb columns from jc by mu rows from iu; pb: this thread's packing buffers, the panel
+   of B first. */
+static OCANNL_GEMM_FN void ocannl_gemm_loops_6x16_unit(ocannl_gemm_kernel kernel, const ocannl_gemm_args *restrict g, float *restrict pb,
+    int64_t bi, int64_t jc, int64_t iu, int64_t mu, int64_t nb) {
+  const int64_t o0 = bi / (g->outer[1]*g->outer[2]), o1 = bi / g->outer[2] % g->outer[1], o2 = bi % g->outer[2];
+  const float *const a = g->a + g->a_outer[0]*o0 + g->a_outer[1]*o1 + g->a_outer[2]*o2;
+  const float *const b = g->b + g->b_outer[0]*o0 + g->b_outer[1]*o1 + g->b_outer[2]*o2;
+  float *const c = g->c + g->c_outer[0]*o0 + g->c_outer[1]*o1 + g->c_outer[2]*o2;
+  float *const pa = pb + (g->b_in_place ? 0 : (g->kc*g->nc + 15) / 16 * 16);
+  const int64_t nc = g->n - jc < nb ? g->n - jc : nb, mend = iu + mu < g->m ? iu + mu : g->m;
+  for (int64_t pc = 0; pc < g->depth; pc += g->kc) {
+    const int64_t kc = g->depth - pc < g->kc ? g->depth - pc : g->kc;
+    const int fresh = g->fresh && pc == 0;
+    if (!g->b_in_place)  /* pack B: the panel's columns in strips of 16 */
+      for (int64_t jr = 0; jr < nc; jr += 16)
+        ocannl_gemm_pack_16(pb + jr*kc, b + g->b_along*(jc + jr) + g->b_k*pc, g->b_along, g->b_k,
+            nc - jr < 16 ? nc - jr : 16, kc, g->b_k_block, g->b_plus);
+    for (int64_t ic = iu; ic < mend; ic += g->mc) {
+      const int64_t mcc = mend - ic < g->mc ? mend - ic : g->mc;
+      if (!g->a_in_place)  /* pack A: the block's rows in strips of 6 */
+        for (int64_t ir = 0; ir < mcc; ir += 6)
+          ocannl_gemm_pack_6(pa + ir*kc, a + g->a_along*(ic + ir) + g->a_k*pc, g->a_along, g->a_k,
+              mcc - ir < 6 ? mcc - ir : 6, kc, g->a_k_block, g->a_plus);
+      /* the micro-kernel over the block's 6x16 tiles */
+      for (int64_t jr = 0; jr < nc; jr += 16) {
+        for (int64_t ir = 0; ir < mcc; ir += 6) {
+          const float *const ap = g->a_in_place ? a + g->a_along*(ic + ir) + g->a_k*pc : pa + ir*kc;
+          const float *const bp = g->b_in_place ? b + g->b_along*(jc + jr) + g->b_k*pc : pb + jr*kc;
+          const int64_t h = mcc - ir < 6 ? mcc - ir : 6, w = nc - jr < 16 ? nc - jr : 16;
+          float *const corner = c + g->c_rows*(ic + ir) + g->c_cols*(jc + jr);
+          if (h == 6 && w == 16 && g->c_cols == 1) {
+            kernel(kc, ap, bp, corner, g->c_rows, fresh, g->start);
+            continue;
+          }
+          /* an edge tile, or a result whose columns are apart: its cells through a buffer */
+          float t[96] = {0};
+          for (int64_t r = 0; r < h; ++r)
+            for (int64_t q = 0; q < w; ++q) t[16*r + q] = fresh ? g->start : corner[g->c_rows*r + g->c_cols*q];
+          kernel(kc, ap, bp, t, 16, 0, 0.0f);
+          for (int64_t r = 0; r < h; ++r)
+            for (int64_t q = 0; q < w; ++q) corner[g->c_rows*r + g->c_cols*q] = t[16*r + q];
+        }
+      }
+    }
+  }
+}
+
+/* The units of work of a packed GEMM of 6x16 tiles that one thread runs (in_team: with the
+   other threads of the region it runs in), with its own packing buffers. */
+static OCANNL_GEMM_FN void ocannl_gemm_loops_6x16_units(ocannl_gemm_kernel kernel, const ocannl_gemm_args *restrict g, int in_team,
+    int *_status) {
+  const int64_t bytes = ((g->b_in_place ? 0 : (g->kc*g->nc + 15) / 16 * 16) + (g->a_in_place ? 0 : g->mc*g->kc)) * 4;
+  float *const pb = bytes ? (float *)aligned_alloc(64, (bytes + 63) / 64 * 64) : 0;
+  if (bytes && !pb) __atomic_store_n(_status, g->site, __ATOMIC_RELAXED);
+  const int64_t products = g->outer[0]*g->outer[1]*g->outer[2];
+  int64_t nt = 1;
+#ifdef _OPENMP
+  if (in_team) nt = omp_get_num_threads();
+#endif
+  int64_t mu = g->m, nb = g->nc;
+  if (nt > 1) {
+    /* two units of work per thread (a thread another process slows down leaves its units to
+       the others), of each product a product a unit when there are enough: ru shares of the
+       rows by cu of the columns, packing the least */
+    const int64_t u = products == 1 ? 2*nt : (2*nt + products - 1) / products;
+    int64_t ru = 1;
+    for (int64_t r = 2; r <= u; ++r)
+      if (((u + r - 1) / r) * g->m + r * g->n < ((u + ru - 1) / ru) * g->m + ru * g->n) ru = r;
+    const int64_t cu = (u + ru - 1) / ru;
+    const int64_t rows = ((g->m + ru - 1) / ru + 5) / 6 * 6, cols = ((g->n + cu - 1) / cu + 15) / 16 * 16;
+    mu = rows;
+    nb = cols > g->nc ? g->nc : cols;
+  }
+  if (in_team) {
+    /* units of columns and rows, each packing its own panels; no thread waits for another */
+    #pragma omp for schedule(dynamic) collapse(3)
+    for (int64_t bi = 0; bi < products; ++bi)
+      for (int64_t jc = 0; jc < g->n; jc += nb)
+        for (int64_t iu = 0; iu < g->m; iu += mu)
+          if (pb || !bytes) ocannl_gemm_loops_6x16_unit(kernel, g, pb, bi, jc, iu, mu, nb);
+  } else if (pb || !bytes) {
+    for (int64_t bi = 0; bi < products; ++bi)
+      for (int64_t jc = 0; jc < g->n; jc += nb)
+        for (int64_t iu = 0; iu < g->m; iu += mu) ocannl_gemm_loops_6x16_unit(kernel, g, pb, bi, jc, iu, mu, nb);
+  }
+  free(pb);
+}
+
+/* A packed GEMM of 6x16 tiles (cpu_schedule.SharedLoops): on the threads of a parallel region
+   of its own where g->parallel says, else on the calling thread. */
+static OCANNL_GEMM_FN void ocannl_gemm_loops_6x16(ocannl_gemm_kernel kernel, const ocannl_gemm_args *restrict g, int *_status) {
+  if (g->parallel) {
+    #pragma omp parallel
+    ocannl_gemm_loops_6x16_units(kernel, g, 1, _status);
+  } else {
+    ocannl_gemm_loops_6x16_units(kernel, g, 0, _status);
+  }
+}
+
+static OCANNL_NEST_FN void packed_gemm_tile6(
     const float *restrict a,
     const float *restrict b,
     float *restrict c,
     int *_status) {
   /* c[i0, i1] := c[i0, i1] + sum of (a[i0, i3] * b[i3, i1]) over i3 < 200, as a packed GEMM: 6x16 micro-kernel, cache blocks mc x kc x nc = 144 x 256 x 512; each block of 64 terms sums from zero, then adds to the cell */
-  #pragma omp parallel
-  {
-    /* this thread's packed panel of B, then its packed block of A */
-    float *const _pb = (float *)aligned_alloc(64, 81600);
-    if (!_pb) __atomic_store_n(_status, 1, __ATOMIC_RELAXED);
-#ifdef _OPENMP
-    const int64_t _nt = omp_get_num_threads();
-#else
-    const int64_t _nt = 1;
-#endif
-    /* two units of work per thread (a thread another process slows down leaves its units
-       to the others): _ru shares of the rows by _cu of the columns, packing the least */
-    int64_t _ru = 1;
-    for (int64_t _r = 2, _u = 2*_nt; _r <= _u; ++_r)
-      if (((_u + _r - 1) / _r) * 50 + _r * 40 < ((_u + _ru - 1) / _ru) * 50 + _ru * 40) _ru = _r;
-    const int64_t _cu = (2*_nt + _ru - 1) / _ru;
-    const int64_t _mu = _nt == 1 ? 50 : ((50 + _ru - 1) / _ru + 5) / 6 * 6, _nb = _nt == 1 || ((40 + _cu - 1) / _cu + 15) / 16 * 16 > 48 ? 48 : ((40 + _cu - 1) / _cu + 15) / 16 * 16;
-    /* units of columns and rows, each packing its own panels; no thread waits for another */
-    #pragma omp for schedule(dynamic) collapse(2)
-    for (int64_t _jc = 0; _jc < 40; _jc += _nb) {
-      for (int64_t _iu = 0; _iu < 50; _iu += _mu) {
-        if (!_pb) continue;  /* no buffers: the failure is reported */
-        float *const _pa = _pb + 9600;
-        const int64_t _nc = 40 - _jc < _nb ? 40 - _jc : _nb, _mend = _iu + _mu < 50 ? _iu + _mu : 50;
-        for (int64_t _pc = 0; _pc < 200; _pc += 200) {
-          const int64_t _kc = 200 - _pc < 200 ? 200 - _pc : 200;
-          /* pack B: the panel's columns in strips of 16, k after k */
-          for (int64_t _jr = 0; _jr < _nc; _jr += 16) {
-            float *_strip = _pb + _jr*_kc;
-            const int64_t _start = _jc + _jr, _w = _nc - _jr < 16 ? _nc - _jr : 16;
-            if (_w == 16) {
-              for (int64_t _k = 0; _k < _kc; ++_k) {
-                for (int64_t _q = 0; _q < 16; ++_q) {
-                  const int64_t _at = _start + _q, _kk = _pc + _k;
-                  _strip[16*_k + _q] = b[40*_kk + _at];
-                }
-              }
-            } else {
-              for (int64_t _k = 0; _k < _kc; ++_k) {
-                for (int64_t _q = 0; _q < _w; ++_q) {
-                  const int64_t _at = _start + _q, _kk = _pc + _k;
-                  _strip[16*_k + _q] = b[40*_kk + _at];
-                }
-              }
-              for (int64_t _k = 0; _k < _kc; ++_k) {
-                for (int64_t _q = _w; _q < 16; ++_q) _strip[16*_k + _q] = 0.0f;
-              }
-            }
-          }
-          for (int64_t _ic = _iu; _ic < _mend; _ic += 54) {
-            const int64_t _mcc = _mend - _ic < 54 ? _mend - _ic : 54;
-            /* pack A: the block's rows in strips of 6, k after k */
-            for (int64_t _ir = 0; _ir < _mcc; _ir += 6) {
-              float *_strip = _pa + _ir*_kc;
-              const int64_t _start = _ic + _ir, _h = _mcc - _ir < 6 ? _mcc - _ir : 6;
-              if (_h == 6) {
-                for (int64_t _k = 0; _k < _kc; ++_k) {
-                  for (int64_t _q = 0; _q < 6; ++_q) {
-                    const int64_t _at = _start + _q, _kk = _pc + _k;
-                    _strip[6*_k + _q] = a[200*_at + _kk];
-                  }
-                }
-              } else {
-                for (int64_t _k = 0; _k < _kc; ++_k) {
-                  for (int64_t _q = 0; _q < _h; ++_q) {
-                    const int64_t _at = _start + _q, _kk = _pc + _k;
-                    _strip[6*_k + _q] = a[200*_at + _kk];
-                  }
-                }
-                for (int64_t _k = 0; _k < _kc; ++_k) {
-                  for (int64_t _q = _h; _q < 6; ++_q) _strip[6*_k + _q] = 0.0f;
-                }
-              }
-            }
-            /* the micro-kernel over the block's 6x16 tiles */
-            for (int64_t _jr = 0; _jr < _nc; _jr += 16) {
-              for (int64_t _ir = 0; _ir < _mcc; _ir += 6) {
-                const float *_ap = _pa + _ir*_kc, *_bp = _pb + _jr*_kc;
-                const int64_t _h = _mcc - _ir < 6 ? _mcc - _ir : 6, _w = _nc - _jr < 16 ? _nc - _jr : 16;
-                if (_h == 6 && _w == 16) {
-                  ocannl_gemm_6x16_f32x8_blocks64_ab(_kc, _ap, _bp, &c[40*(_ic + _ir) + (_jc + _jr)], 40, _pc == 0, 0.0f);
-                  continue;
-                }
-                /* an edge tile: its cells through a buffer */
-                float _t[96] = {0};
-                for (int64_t _r = 0; _r < _h; ++_r) for (int64_t _q = 0; _q < _w; ++_q) _t[16*_r + _q] = (_pc == 0 ? 0.0f : c[40*(_ic + _ir + _r) + (_jc + _jr + _q)]);
-                ocannl_gemm_6x16_f32x8_blocks64_ab(_kc, _ap, _bp, _t, 16, 0, 0.0f);
-                for (int64_t _r = 0; _r < _h; ++_r) for (int64_t _q = 0; _q < _w; ++_q) c[40*(_ic + _ir + _r) + (_jc + _jr + _q)] = _t[16*_r + _q];
-              }
-            }
-          }
-        }
-      }
-    }
-    free(_pb);
-  }
+  ocannl_gemm_loops_6x16(ocannl_gemm_6x16_f32x8_blocks64_ab, &(const ocannl_gemm_args){
+      .a = a, .a_outer = {0, 0, 0}, .a_along = 200, .a_k = 1, .a_plus = (-0.0f), .a_k_block = 0, .a_in_place = 0,
+      .b = b, .b_outer = {0, 0, 0}, .b_along = 1, .b_k = 40, .b_plus = (-0.0f), .b_k_block = 0, .b_in_place = 0,
+      .c = c, .c_outer = {0, 0, 0}, .c_rows = 40, .c_cols = 1,
+      .outer = {1, 1, 1}, .m = 50, .n = 40, .depth = 200, .mc = 54, .kc = 200, .nc = 48,
+      .fresh = 1, .start = 0.0f, .parallel = 1, .site = 1}, _status);
 }
 
 static int packed_gemm(
@@ -202,7 +287,7 @@ static int packed_gemm(
     const float *restrict b,
     float *restrict c) {
   int _status_cell = 0, *_status = &_status_cell;  /* the failed check, if any */
-  packed_gemm_tile2(a, b, c, _status);
+  packed_gemm_tile6(a, b, c, _status);
   return _status_cell;
 }
 

@@ -243,6 +243,41 @@ class Packing:
 
 
 @dataclass(frozen=True)
+class Strides:
+    """Where an operand of a packed GEMM, or its result, lies when its offset is linear in each of
+    the GEMM's loops: ``offset``, plus ``outer[i]`` times the index of the ``i``-th loop around the
+    products, plus ``along`` times the flat index of the operand's rows (or columns; the result's
+    rows), plus ``k`` times the flat index of the terms (the result's columns), in floats."""
+
+    offset: int
+    outer: tuple[int, ...]
+    along: int
+    k: int
+
+
+SHARED_LOOPS_MAX_OUTER = 3
+"""The loops around the products (a batch, its heads) the shared loops take (:class:`SharedLoops`)."""
+
+
+@dataclass(frozen=True)
+class SharedLoops:
+    """A packed GEMM that runs in the loops its tile shape shares with every such GEMM of a source
+    (``ocannl_gemm_loops_<mr>x<nr>``, ``ocannl/backends/c/gemm.py``): its operands and result lie
+    at offsets linear in its loops (:class:`Strides`, each index provably in bounds, at most
+    :data:`SHARED_LOOPS_MAX_OUTER` loops around the products), each factor is its load or
+    ``0.0 + load`` (``a_plus_zero``, ``b_plus_zero``: packed as the load plus ``+0.0``, which
+    turns a ``-0.0`` positive as the interpreter's ``0.0 + x`` does), and the result is stored as
+    summed (no consumer around the sum). Its call passes addresses and strides, so a source
+    compiles those loops once per tile shape rather than once per product."""
+
+    a: Strides
+    b: Strides
+    c: Strides
+    a_plus_zero: bool = False
+    b_plus_zero: bool = False
+
+
+@dataclass(frozen=True)
 class GemmPlan:
     """A contraction as a packed GEMM (module docstring; printed by ``ocannl/backends/codegen.py``
     with the micro-kernels of ``ocannl/backends/c/gemm.py``).
@@ -280,6 +315,7 @@ class GemmPlan:
     totals_in_registers: bool = False
     a_packing: Packing = Packing()
     b_packing: Packing = Packing()
+    shared: SharedLoops | None = None
 
     @property
     def m(self) -> int:
@@ -522,6 +558,7 @@ def plan_gemm(plan: ContractionPlan, vector_bytes: int) -> GemmPlan | None:
     # the tile's 12 rows, 4 KiB apart, fell in one set of the L1 cache at every block.
     vectors = mr * (nr // lanes)
     totals_in_registers = block is not None and 2 * vectors + nr // lanes + 1 <= VECTOR_REGISTERS.get(vector_bytes, 16)
+    shared = _shared_loops(plan, product, outer, rows, cols, k, {**extent, **dict(k)})
     return GemmPlan(
         outer=outer,
         rows=rows,
@@ -542,7 +579,52 @@ def plan_gemm(plan: ContractionPlan, vector_bytes: int) -> GemmPlan | None:
         totals_in_registers=totals_in_registers,
         a_packing=a_packing,
         b_packing=b_packing,
+        shared=shared,
     )
+
+
+def _shared_loops(plan: ContractionPlan, product: Contraction, outer: Loops, rows: Loops, cols: Loops, k: Loops,
+                  extents: dict[AnySymbol, int]) -> SharedLoops | None:
+    """The product as :class:`SharedLoops`, or ``None`` where it must print loops of its own."""
+    if plan.scope is not None or len(outer) > SHARED_LOOPS_MAX_OUTER:
+        return None
+    factors = [_plain_factor(f) for f in (product.a, product.b)]
+    if None in factors:
+        return None
+    (a, a_plus_zero), (b, b_plus_zero) = factors
+    placed = (_strides(a, outer, rows, k, extents), _strides(b, outer, cols, k, extents),
+              _strides(plan.store, outer, rows, cols, extents))
+    if None in placed:
+        return None
+    return SharedLoops(*placed, a_plus_zero, b_plus_zero)
+
+
+def _plain_factor(factor: Expr) -> tuple[Load, bool] | None:
+    """``(load, plus_zero)`` of a factor that is a float32 load or ``0.0 + load`` (``plus_zero``)."""
+    if isinstance(factor, Load) and factor.dtype is dtypes.float32:
+        return factor, False
+    if (isinstance(factor, Binary) and factor.op is Binop.ADD and isinstance(factor.a, Const)
+            and isinstance(factor.b, Load) and factor.b.dtype is dtypes.float32 and factor.dtype is dtypes.float32
+            and factor.a.value == 0.0 and math.copysign(1.0, factor.a.value) > 0):
+        return factor.b, True
+    return None
+
+
+def _strides(access: Load | Store, outer: Loops, along: Loops, k: Loops,
+             extents: dict[AnySymbol, int]) -> Strides | None:
+    """Where ``access`` lies in the GEMM's loops (:class:`Strides`), when its offset is linear in
+    them alone and each of its indices is provably in bounds."""
+    node, indices = access.tnode, access.indices
+    if not all(provably_within(idx, d, extents) for idx, d in zip(indices, node.dims)):
+        return None
+    terms, offset = affine_form(row_major_offset(indices, node.dims))
+    coefficient = {s: c for c, s in terms}
+    if not set(coefficient) <= {s for s, _ in (*outer, *along, *k)}:
+        return None
+    along_stride, k_stride = _flat_stride(along, coefficient), _flat_stride(k, coefficient)
+    if along_stride is None or k_stride is None:
+        return None
+    return Strides(offset, tuple(coefficient.get(s, 0) for s, _ in outer), along_stride, k_stride)
 
 
 def _packings(plan: ContractionPlan, product: Contraction, loops: tuple[Loops, Loops, Loops],

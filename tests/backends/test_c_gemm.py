@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -116,7 +117,7 @@ def test_every_product_of_a_training_step_is_packed(packed_from_one):
 
     text = c_source(build)
     assert text.count("as a packed GEMM") == 3, text
-    assert "static __attribute__((noinline)) void ocannl_gemm_" in text
+    assert "static OCANNL_GEMM_FN void ocannl_gemm_" in text
     from ocannl.backends.c import compiler
     assert (text.count("#pragma omp parallel\n") == 3) == compiler.toolchain().openmp
 
@@ -280,8 +281,10 @@ def test_a_batch_of_products_is_shared_out_by_product_first(packed_from_one):
                                  oc.tensor(np.ones((count, 64, 32), np.float32), batch=1, input=1),
                                  oc.tensor(np.ones((count, 32, 64), np.float32), batch=1, input=1))
 
-    assert "_u = (2*_nt + 63) / 64; _r <= _u" in c_source(batched(64))
-    assert "_u = (2*_nt + 2) / 3; _r <= _u" in c_source(batched(3))
+    for count in (64, 3):
+        text = c_source(batched(count))
+        assert f".outer = {{{count}, 1, 1}}" in text, "the products, for the shared loops to share out"
+        assert "products == 1 ? 2*nt : (2*nt + products - 1) / products" in text
 
 
 def use_isa(monkeypatch, isa: str) -> None:
@@ -360,11 +363,11 @@ def test_small_operands_are_read_in_place_with_the_interpreters_bits(packed_from
     if name == "scores":
         assert "read in place (32 apart across, 1 along k)" in text, text
         # The keys' columns lie 32 floats apart: a vector kernel packs them, the scalar one not.
-        assert ("pack B" in text) == (isa != "portable"), text
+        assert (".b_in_place = 0," in text) == (isa != "portable"), text
     elif name == "values.grad":
         assert "_a1x64_b1x32(" in text and "read in place (1 apart across, 64 along k)" in text, text
     else:
-        assert "pack A" not in text and "pack B" not in text and "aligned_alloc" not in text, text
+        assert ".a_in_place = 1," in text and ".b_in_place = 1," in text, text
 
 
 @needs_c
@@ -433,8 +436,8 @@ def test_operands_contiguous_along_k_and_4_kib_apart_are_packed_by_blocks(packed
         return {"c": ctx.get(c.value)}
 
     text = c_source(build)
-    assert text.count(f"{cpu_schedule.PACK_K_BLOCK} terms of each at a time") == 2
-    assert "tensor[1024*_at + _kk]" in text, "read at the flat index, not through the digits of k"
+    assert ".a_k_block = 1," in text and ".b_k_block = 1," in text, text
+    assert ".a_along = 1024, .a_k = 1," in text and ".b_along = 1024, .b_k = 1," in text, "flat strides"
     assert_same_bits(values("c"), values("interp"), "a @ b.T")
 
 
@@ -511,7 +514,9 @@ def test_a_factor_computed_from_one_load_is_packed_as_computed():
     copy = Binary(Binop.ADD, Const(0.0, dtypes.float32), Load(a, (Iter(i), Iter(l))))
     g = plan_contraction(nest(copy), 32).gemm
     assert g is not None and isinstance(g.a, Binary) and g.a.a == copy.a and g.a.b.tnode is a and g.a_packing.flat_k
-    assert "_strip[6*_k + _q] = (0.0f + a[200*_at + _kk]);" in emit_c(RoutineIR("copy", nest(copy)), vector_bytes=32).text
+    text = emit_c(RoutineIR("copy", nest(copy)), vector_bytes=32).text
+    assert ".a = a, .a_outer = {0, 0, 0}, .a_along = 200, .a_k = 1, .a_plus = 0.0f," in text, "packed as a + 0.0"
+    assert ".b_plus = (-0.0f)," in text, "packed as it is read"
     two_loads = Binary(Binop.ADD, Load(a, (Iter(i), Iter(l))), Load(a, (Iter(i), Iter(l))))
     assert plan_contraction(nest(two_loads), 32).gemm is None
 
@@ -626,7 +631,7 @@ def test_reset_contraction_prints_no_zeroing_nest(packed_from_one, vector_bytes,
     assert ("as a packed GEMM" in text) == (vector_bytes is not None), text
     assert reset_store_lines(text) == [], "\n".join(reset_store_lines(text))
     if vector_bytes is not None:
-        assert ", _pc == 0, 0.0f);" in text, "the first panel's micro-kernel call starts from the reset"
+        assert ".fresh = 1, .start = 0.0f," in text, "the first panel's micro-kernel call starts from the reset"
 
 
 def signed_zero_results(backend: str, m: int, k: int, n: int) -> dict[str, np.ndarray]:
@@ -806,9 +811,10 @@ def test_small_training_step_runs_only_its_largest_products_on_threads():
     assert "as a packed GEMM" in text, "the step's products are packed"
     from ocannl.backends.c import compiler
     regions = 3 if compiler.toolchain().openmp else 0
+    shapes = len(re.findall(r"void ocannl_gemm_loops_\d+x\d+\(", text))  # shared loops: a region, a worksharing loop
     threads = text.count("#pragma omp") - text.count("#pragma omp simd")  # simd: vector loops, no threads
     loops = text.count("#pragma omp parallel for")
-    assert text.count("#pragma omp parallel\n") == regions and threads == 2 * regions + loops
+    assert text.count(".parallel = 1,") == regions and threads == 2 * shapes + loops
     assert loops == (1 if regions else 0)
     if loops:
         nest = text.split("#pragma omp parallel for", 1)[1].split("}", 1)[0]

@@ -42,10 +42,18 @@ if TYPE_CHECKING:
     from ocannl.backends.codegen import Emitter
 
 
-KERNEL_LINKAGE = "static __attribute__((noinline))"
+GEMM_FN = "OCANNL_GEMM_FN"
+GEMM_FN_DEFINITION = (
+    "/* A GEMM's micro-kernel, or loops shared by the GEMMs of a tile shape: compiled once, in one\n"
+    "   translation unit, and called. */\n"
+    "#if defined(__GNUC__)\n#define OCANNL_GEMM_FN __attribute__((noinline))\n"
+    "#else\n#define OCANNL_GEMM_FN\n#endif"
+)
+KERNEL_LINKAGE = f"static {GEMM_FN}"
 """A micro-kernel is compiled once and called, not inlined into each of its callers: a driver
 calls it twice (whole tiles, edge tiles through a buffer), and inlined, each of its unrolled
-copies was compiled again in every driver. A call costs nothing next to a call's ``kc`` steps of
+copies was compiled again in every driver; a long source's translation units
+(``emit.translation_units``) compile it in one of them. A call costs nothing next to a call's ``kc`` steps of
 ``mr x nr`` multiply-adds: the GPT step of ``bench/cpu_steps.py`` took 38.9 ms a step rather than
 39.6, the 784-1024-1024 MLP's 16.1 ms as before (best rounds, both builds in one process taking
 turns, one thread, Zen 4), and the GPT's cold build's compiler time went from 4.3 to 3.9 s."""
@@ -58,6 +66,195 @@ def kernel_name(shape: MicroKernel) -> str:
     read_in_place = (("a", shape.a_in_place), ("b", shape.b_in_place))
     in_place = "".join(f"_{side}{strides[0]}x{strides[1]}" for side, strides in read_in_place if strides is not None)
     return f"ocannl_gemm_{shape.mr}x{shape.nr}_{vector}_{order}_{'ab' if shape.a_first else 'ba'}{in_place}"
+
+
+def loops_name(mr: int, nr: int) -> str:
+    """The C name of the loops shared by the packed GEMMs of ``mr x nr`` tiles (:func:`shared_loops`)."""
+    return f"ocannl_gemm_loops_{mr}x{nr}"
+
+
+ARGS = "ocannl_gemm_args"
+"""The C type of what a call of shared GEMM loops passes (:func:`shared_declarations`)."""
+
+
+def shared_declarations() -> list[str]:
+    """The types the shared loops of any tile shape take: the micro-kernel's, and the product's
+    addresses, strides and sizes (``cpu_schedule.SharedLoops``; a call names each field)."""
+    return [
+        "/* A micro-kernel, and a packed GEMM as the shared loops of its tile shape take it: its",
+        "   operands at their first row (column) and term, its result at its first cell, each with",
+        "   its strides in floats along the loops around the products (outer: their extents), along",
+        "   its rows (columns) and along the terms (the result: its rows and columns). A packed value",
+        "   is the operand's plus a_plus or b_plus: -0.0f changes none, 0.0f makes a -0.0 positive",
+        "   (a factor 0.0 + x). k_block: packed 16 terms of a row at a time (contiguous along k);",
+        "   in_place: not packed, read where it lies. fresh: on the first panel the cells start from",
+        "   start (their reset). site: the check a failed allocation of packing buffers reports. */",
+        "typedef void (*ocannl_gemm_kernel)(int64_t, const float *restrict, const float *restrict, float *restrict,",
+        "                                   int64_t, int, float);",
+        "typedef struct {",
+        "  const float *a, *b;",
+        "  float *c;",
+        "  int64_t outer[3], a_outer[3], b_outer[3], c_outer[3];",
+        "  int64_t a_along, a_k, b_along, b_k, c_rows, c_cols;",
+        "  float a_plus, b_plus;",
+        "  int a_k_block, b_k_block, a_in_place, b_in_place;",
+        "  int64_t m, n, depth, mc, kc, nc;",
+        "  int fresh;",
+        "  float start;",
+        "  int parallel, site;",
+        f"}} {ARGS};",
+    ]
+
+
+def pack_name(width: int) -> str:
+    return f"ocannl_gemm_pack_{width}"
+
+
+def pack(width: int, k_block: int) -> list[str]:
+    """The function packing one strip ``width`` rows (or columns) wide for the shared loops:
+    ``w`` of them read from ``src`` (at the strip's first row and the panel's first term,
+    ``along`` and ``k_stride`` floats apart), the others zero, ``kc`` terms, each value plus
+    ``plus``; ``k_block`` terms of a row at a time for an operand contiguous along the terms
+    (``cpu_schedule.Packing.k_block``). Each form's inner loop has a constant trip count, which
+    the compiler unrolls or vectorizes: a row of ``width`` adjacent values, a block of terms."""
+    w = width
+    return [
+        f"/* A strip of {w} rows (or columns) of an operand, packed k after k (or {k_block} terms of each at a",
+        f"   time where it is contiguous along k), w of them read and the others zero. */",
+        f"static {GEMM_FN} void {pack_name(w)}(float *restrict strip, const float *restrict src, int64_t along,",
+        "    int64_t k_stride, int64_t w, int64_t kc, int k_block, float plus) {",
+        f"  if (w == {w} && along == 1) {{",
+        "    for (int64_t k = 0; k < kc; ++k)",
+        f"      for (int64_t q = 0; q < {w}; ++q) strip[{w}*k + q] = src[k_stride*k + q] + plus;",
+        f"  }} else if (w == {w} && k_block) {{  /* k_stride is 1 */",
+        f"    for (int64_t k0 = 0; k0 < kc; k0 += {k_block})",
+        f"      for (int64_t q = 0; q < {w}; ++q)",
+        f"        for (int64_t k = k0; k < k0 + {k_block}; ++k) strip[{w}*k + q] = src[along*q + k] + plus;",
+        f"  }} else if (w == {w}) {{",
+        "    for (int64_t k = 0; k < kc; ++k)",
+        f"      for (int64_t q = 0; q < {w}; ++q) strip[{w}*k + q] = src[along*q + k_stride*k] + plus;",
+        "  } else {",
+        "    for (int64_t k = 0; k < kc; ++k) {",
+        f"      for (int64_t q = 0; q < w; ++q) strip[{w}*k + q] = src[along*q + k_stride*k] + plus;",
+        f"      for (int64_t q = w; q < {w}; ++q) strip[{w}*k + q] = 0.0f;",
+        "    }",
+        "  }",
+        "}",
+    ]
+
+
+def shared_loops(mr: int, nr: int) -> list[str]:
+    """The loops of every packed GEMM of ``mr x nr`` tiles that runs in shared loops
+    (``cpu_schedule.SharedLoops``), as three functions: one unit of work, the units of one
+    thread, and the entry, which runs them on the threads of a parallel region of its own where
+    the product asks for it. They do what ``gemm_printer.py`` prints for a GEMM of its own
+    (its module docstring), with the sizes and strides read from the call's arguments and the
+    micro-kernel called through its address; the packing is :func:`pack`'s."""
+    name = loops_name(mr, nr)
+    tile = f"{mr}x{nr}"
+    b_panel = "(g->b_in_place ? 0 : (g->kc*g->nc + 15) / 16 * 16)"
+    lines = [
+        f"/* One unit of work of a packed GEMM of {tile} tiles: the product bi of the loops around the",
+        "   products, nb columns from jc by mu rows from iu; pb: this thread's packing buffers, the panel",
+        "   of B first. */",
+        f"static {GEMM_FN} void {name}_unit(ocannl_gemm_kernel kernel, const {ARGS} *restrict g, float *restrict pb,",
+        "    int64_t bi, int64_t jc, int64_t iu, int64_t mu, int64_t nb) {",
+        "  const int64_t o0 = bi / (g->outer[1]*g->outer[2]), o1 = bi / g->outer[2] % g->outer[1], o2 = bi % g->outer[2];",
+        "  const float *const a = g->a + g->a_outer[0]*o0 + g->a_outer[1]*o1 + g->a_outer[2]*o2;",
+        "  const float *const b = g->b + g->b_outer[0]*o0 + g->b_outer[1]*o1 + g->b_outer[2]*o2;",
+        "  float *const c = g->c + g->c_outer[0]*o0 + g->c_outer[1]*o1 + g->c_outer[2]*o2;",
+        f"  float *const pa = pb + {b_panel};",
+        "  const int64_t nc = g->n - jc < nb ? g->n - jc : nb, mend = iu + mu < g->m ? iu + mu : g->m;",
+        "  for (int64_t pc = 0; pc < g->depth; pc += g->kc) {",
+        "    const int64_t kc = g->depth - pc < g->kc ? g->depth - pc : g->kc;",
+        "    const int fresh = g->fresh && pc == 0;",
+        f"    if (!g->b_in_place)  /* pack B: the panel's columns in strips of {nr} */",
+        f"      for (int64_t jr = 0; jr < nc; jr += {nr})",
+        f"        {pack_name(nr)}(pb + jr*kc, b + g->b_along*(jc + jr) + g->b_k*pc, g->b_along, g->b_k,",
+        f"            nc - jr < {nr} ? nc - jr : {nr}, kc, g->b_k_block, g->b_plus);",
+        "    for (int64_t ic = iu; ic < mend; ic += g->mc) {",
+        "      const int64_t mcc = mend - ic < g->mc ? mend - ic : g->mc;",
+        f"      if (!g->a_in_place)  /* pack A: the block's rows in strips of {mr} */",
+        f"        for (int64_t ir = 0; ir < mcc; ir += {mr})",
+        f"          {pack_name(mr)}(pa + ir*kc, a + g->a_along*(ic + ir) + g->a_k*pc, g->a_along, g->a_k,",
+        f"              mcc - ir < {mr} ? mcc - ir : {mr}, kc, g->a_k_block, g->a_plus);",
+        f"      /* the micro-kernel over the block's {tile} tiles */",
+        f"      for (int64_t jr = 0; jr < nc; jr += {nr}) {{",
+        f"        for (int64_t ir = 0; ir < mcc; ir += {mr}) {{",
+        "          const float *const ap = g->a_in_place ? a + g->a_along*(ic + ir) + g->a_k*pc : pa + ir*kc;",
+        "          const float *const bp = g->b_in_place ? b + g->b_along*(jc + jr) + g->b_k*pc : pb + jr*kc;",
+        f"          const int64_t h = mcc - ir < {mr} ? mcc - ir : {mr}, w = nc - jr < {nr} ? nc - jr : {nr};",
+        "          float *const corner = c + g->c_rows*(ic + ir) + g->c_cols*(jc + jr);",
+        f"          if (h == {mr} && w == {nr} && g->c_cols == 1) {{",
+        "            kernel(kc, ap, bp, corner, g->c_rows, fresh, g->start);",
+        "            continue;",
+        "          }",
+        "          /* an edge tile, or a result whose columns are apart: its cells through a buffer */",
+        f"          float t[{mr * nr}] = {{0}};",
+        "          for (int64_t r = 0; r < h; ++r)",
+        f"            for (int64_t q = 0; q < w; ++q) t[{nr}*r + q] = fresh ? g->start : corner[g->c_rows*r + g->c_cols*q];",
+        f"          kernel(kc, ap, bp, t, {nr}, 0, 0.0f);",
+        "          for (int64_t r = 0; r < h; ++r)",
+        f"            for (int64_t q = 0; q < w; ++q) corner[g->c_rows*r + g->c_cols*q] = t[{nr}*r + q];",
+        "        }",
+        "      }",
+        "    }",
+        "  }",
+        "}",
+        "",
+        f"/* The units of work of a packed GEMM of {tile} tiles that one thread runs (in_team: with the",
+        "   other threads of the region it runs in), with its own packing buffers. */",
+        f"static {GEMM_FN} void {name}_units(ocannl_gemm_kernel kernel, const {ARGS} *restrict g, int in_team,",
+        "    int *_status) {",
+        f"  const int64_t bytes = ({b_panel} + (g->a_in_place ? 0 : g->mc*g->kc)) * 4;",
+        "  float *const pb = bytes ? (float *)aligned_alloc(64, (bytes + 63) / 64 * 64) : 0;",
+        "  if (bytes && !pb) __atomic_store_n(_status, g->site, __ATOMIC_RELAXED);",
+        "  const int64_t products = g->outer[0]*g->outer[1]*g->outer[2];",
+        "  int64_t nt = 1;",
+        "#ifdef _OPENMP",
+        "  if (in_team) nt = omp_get_num_threads();",
+        "#endif",
+        "  int64_t mu = g->m, nb = g->nc;",
+        "  if (nt > 1) {",
+        "    /* two units of work per thread (a thread another process slows down leaves its units to",
+        "       the others), of each product a product a unit when there are enough: ru shares of the",
+        "       rows by cu of the columns, packing the least */",
+        "    const int64_t u = products == 1 ? 2*nt : (2*nt + products - 1) / products;",
+        "    int64_t ru = 1;",
+        "    for (int64_t r = 2; r <= u; ++r)",
+        "      if (((u + r - 1) / r) * g->m + r * g->n < ((u + ru - 1) / ru) * g->m + ru * g->n) ru = r;",
+        "    const int64_t cu = (u + ru - 1) / ru;",
+        f"    const int64_t rows = ((g->m + ru - 1) / ru + {mr - 1}) / {mr} * {mr}, cols = ((g->n + cu - 1) / cu + {nr - 1}) / {nr} * {nr};",
+        "    mu = rows;",
+        "    nb = cols > g->nc ? g->nc : cols;",
+        "  }",
+        "  if (in_team) {",
+        "    /* units of columns and rows, each packing its own panels; no thread waits for another */",
+        "    #pragma omp for schedule(dynamic) collapse(3)",
+        "    for (int64_t bi = 0; bi < products; ++bi)",
+        "      for (int64_t jc = 0; jc < g->n; jc += nb)",
+        "        for (int64_t iu = 0; iu < g->m; iu += mu)",
+        f"          if (pb || !bytes) {name}_unit(kernel, g, pb, bi, jc, iu, mu, nb);",
+        "  } else if (pb || !bytes) {",
+        "    for (int64_t bi = 0; bi < products; ++bi)",
+        "      for (int64_t jc = 0; jc < g->n; jc += nb)",
+        f"        for (int64_t iu = 0; iu < g->m; iu += mu) {name}_unit(kernel, g, pb, bi, jc, iu, mu, nb);",
+        "  }",
+        "  free(pb);",
+        "}",
+        "",
+        f"/* A packed GEMM of {tile} tiles (cpu_schedule.SharedLoops): on the threads of a parallel region",
+        "   of its own where g->parallel says, else on the calling thread. */",
+        f"static {GEMM_FN} void {name}(ocannl_gemm_kernel kernel, const {ARGS} *restrict g, int *_status) {{",
+        "  if (g->parallel) {",
+        "    #pragma omp parallel",
+        f"    {name}_units(kernel, g, 1, _status);",
+        "  } else {",
+        f"    {name}_units(kernel, g, 0, _status);",
+        "  }",
+        "}",
+    ]
+    return lines
 
 
 def vector_type(lanes: int, aligned: bool = True) -> str:
@@ -189,12 +386,18 @@ class CGemm:
     spellings that printer uses."""
 
     parallel_region = "#pragma omp parallel"
+    args_type = ARGS
 
     def __init__(self, vector_bytes: int):
         self.vector_bytes = vector_bytes
 
     kernel = staticmethod(kernel)
     kernel_name = staticmethod(kernel_name)
+    loops_name = staticmethod(loops_name)
+    shared_loops = staticmethod(shared_loops)
+    shared_declarations = staticmethod(shared_declarations)
+    pack = staticmethod(pack)
+    pack_name = staticmethod(pack_name)
     vector_type = staticmethod(vector_type)
     vector_types = staticmethod(vector_types)
 

@@ -16,6 +16,10 @@ it is read). Each thread takes its packing buffers from the heap (up to hundreds
 caller's thread may have a small stack); when that fails the routine reports it as a failed
 check, and the thread computes no unit. A reset of the cells is the micro-kernel's start on the
 first panel (``fresh``, ``gemm.py``).
+
+A product the plan runs in shared loops (:attr:`~ocannl.lowlevel.cpu_schedule.GemmPlan.shared`)
+prints as a call of the loops its tile shape shares with the source's other such products
+(``gemm.shared_loops``, which do the same in C with the sizes and strides the call names).
 """
 
 from __future__ import annotations
@@ -56,6 +60,11 @@ def gemm_comment(emitter: Emitter, plan: ContractionPlan) -> str:
              else "each cell sums in loop order */")
     return (f"/* {comment_text(what)}, as a packed GEMM: {g.mr}x{g.nr} micro-kernel, "
             f"cache blocks mc x kc x nc = {g.mc} x {g.kc} x {g.nc}; " + order)
+
+
+def _load(factor) -> Load:
+    """The load a factor of shared GEMM loops reads (``cpu_schedule.SharedLoops``)."""
+    return factor if isinstance(factor, Load) else factor.b
 
 
 def _minimum(a: str, b: str) -> str:
@@ -121,8 +130,46 @@ class _GemmPrinter:
         where = format_stmt(self.plan.store, e.namer).rstrip(";")
         site = e.site("memory", f"no memory for a thread's packing buffers ({(self.panel_b + self.block_a) * 4} "
                                 f"bytes) of the product in `{where}`") if self.buffers else None
+        if g.shared is not None:
+            self.shared_call(site)
+            return
         with e.known_extents(dict((*g.rows, *g.cols, *g.k, *g.outer))):
             self.block("", lambda: self.region(site), self.target.parallel_region if g.parallel else None)
+
+    def shared_call(self, site: int | None) -> None:
+        """The call of the loops the product's tile shape shares (``cpu_schedule.SharedLoops``),
+        naming each of its addresses, strides and sizes."""
+        g, e, shared = self.g, self.e, self.g.shared
+        store = self.plan.store
+        places = (("a", _load(g.a), shared.a, shared.a_plus_zero, g.a_packing),
+                  ("b", _load(g.b), shared.b, shared.b_plus_zero, g.b_packing))
+
+        def triple(values, pad: int = 0) -> str:  # one value per loop around the products
+            return "{" + ", ".join(str(v) for v in (*values, *(pad,) * (3 - len(values)))) + "}"
+
+        def address(node, strides) -> str:
+            return e.nodes[node] + (f" + {strides.offset}" if strides.offset else "")
+
+        minus_zero, plus_zero = e.syntax.literal(-0.0, dtypes.float32), self.zero
+        fields = [f".{side} = {address(load.tnode, strides)}, .{side}_outer = {triple(strides.outer)}, "
+                  f".{side}_along = {strides.along}, .{side}_k = {strides.k}, "
+                  f".{side}_plus = {plus_zero if zero else minus_zero}, "
+                  f".{side}_k_block = {int(packing.k_block is not None)}, "
+                  f".{side}_in_place = {int(packing.in_place is not None)},"
+                  for side, load, strides, zero, packing in places]
+        fields += [
+            f".c = {address(store.tnode, shared.c)}, .c_outer = {triple(shared.c.outer)}, "
+            f".c_rows = {shared.c.along}, .c_cols = {shared.c.k},",
+            f".outer = {triple([n for _, n in g.outer], pad=1)}, .m = {self.m}, .n = {self.n}, "
+            f".depth = {self.n_k}, .mc = {self.mc}, .kc = {self.kc}, .nc = {self.nc},",
+            f".fresh = {int(self.resets)}, .start = {self.start}, .parallel = {int(g.parallel)}, "
+            f".site = {site or 0}}}, _status);",
+        ]
+        e.line(f"{self.target.loops_name(g.mr, g.nr)}({self.kernel}, &(const {self.target.args_type}){{")
+        with e.indented():
+            with e.indented():
+                for line in fields:
+                    e.line(line)
 
     def block(self, header: str, body: Callable[[], None], pragma: str | None = None) -> None:
         if pragma:

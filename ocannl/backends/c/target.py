@@ -22,7 +22,7 @@ from ocannl.backends.c.tile_printer import TilePrinter
 from ocannl.backends.codegen import PART_STATEMENTS, Emitter
 from ocannl.lowlevel.analysis import last_check
 from ocannl.lowlevel.cost import timed_statements
-from ocannl.lowlevel.cpu_schedule import GemmPlan, MicroKernel, NestPlan, TopLevelPlan, plan_top_level
+from ocannl.lowlevel.cpu_schedule import PACK_K_BLOCK, GemmPlan, MicroKernel, NestPlan, TopLevelPlan, plan_top_level
 from ocannl.lowlevel.indexing import AnySymbol, IndexSymbol, Symbol, index_symbols
 from ocannl.lowlevel.ir import (
     DeclareLocal, EmbedIndex, Fill, Load, LoadDynamic, Stmt, Store, StoreDynamic, iter_exprs, iter_stmts, seq,
@@ -81,6 +81,7 @@ class CTarget:
         self.functions: list[list[str]] = []
         self.types: list[list[str]] = []
         self._gemm_kernels: set[MicroKernel] = set()
+        self._gemm_shared: set[object] = set()  # what shared GEMM loops need, printed (_declare_shared_loops)
         self._vector_lanes: set[int] = set()
         self.in_parts = False
         """After :meth:`body`: the body only calls its parts' helper functions."""
@@ -215,6 +216,19 @@ class CTarget:
                 self.declare_vector_type(g.lanes)
             self._gemm_kernels.add(g.kernel)
             self.functions.append(self.gemm.kernel(g.kernel))
+        if g.shared is not None:
+            self._declare_shared_loops(g)
+
+    def _declare_shared_loops(self, g: GemmPlan) -> None:
+        """Adds what shared GEMM loops of ``g``'s tile shape need to :attr:`functions`, each once
+        per source: their types, the packing of strips as wide as its tile, and the loops."""
+        wanted = [("types", lambda: self.gemm.shared_declarations())]
+        wanted += [(("pack", w), lambda w=w: self.gemm.pack(w, PACK_K_BLOCK)) for w in dict.fromkeys((g.nr, g.mr))]
+        wanted.append((("loops", g.mr, g.nr), lambda: self.gemm.shared_loops(g.mr, g.nr)))
+        for key, lines in wanted:
+            if key not in self._gemm_shared:
+                self._gemm_shared.add(key)
+                self.functions.append(lines())
 
     def declare_vector_type(self, lanes: int) -> None:
         """Declares the vector types of ``lanes`` floats (:attr:`types`), once."""
