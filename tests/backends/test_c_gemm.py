@@ -27,7 +27,7 @@ from ocannl import nn, session, train
 from ocannl.backends.c.emit import emit_c
 from ocannl.errors import OcannlError
 from ocannl.lowlevel import cpu_schedule, dtypes
-from ocannl.lowlevel.cpu_schedule import plan_contraction, plan_gemm
+from ocannl.lowlevel.cpu_schedule import SharedLoops, Strides, plan_contraction, plan_gemm
 from ocannl.lowlevel.indexing import Affine, Iter, Symbol
 from ocannl.lowlevel.ir import Binary, Const, For, Load, RoutineIR, Store, loop, seq
 from ocannl.lowlevel.scalar_ops import Binop
@@ -592,6 +592,27 @@ def test_plan_of_a_convolution_is_an_implicit_gemm():
     g = plan_contraction(conv, 32).gemm
     assert g is not None and (g.rows, g.cols, g.k) == (((o, 40),), ((t, 128),), ((ci, 16), (kk, 3)))
     assert not g.a_first and g.a.tnode is w and g.block is None
+    assert g.shared is None, "x's offset 130*ci + t + kk is not linear in the flat index of (ci, kk): loops of its own"
+
+
+def test_plan_runs_products_linear_in_their_loops_in_shared_loops():
+    """A matmul, and a batch of products (``c[b, i, j] += x[b, i, l] * w[b, l, j]``), run in the
+    loops their tile shape shares (``SharedLoops``): each operand's and the result's strides
+    along the batch, its rows (or columns) and the terms; a factor ``0.0 + load`` is packed plus
+    zero."""
+    nest, _, _ = matmul_nest(50, 200, 40)
+    g = plan_contraction(nest, 32).gemm
+    assert g.shared == SharedLoops(Strides(0, (), 200, 1), Strides(0, (), 1, 40), Strides(0, (), 40, 1))
+    x, w, c = TNode("x", (3, 50, 200)), TNode("w", (3, 200, 40)), TNode("c", (3, 50, 40))
+    b, i, j, l = Symbol(), Symbol(), Symbol(), Symbol()
+    cell = (Iter(b), Iter(i), Iter(j))
+    for factor, plus_zero in ((Load(x, (Iter(b), Iter(i), Iter(l))), False),
+                              (Binary(Binop.ADD, Const(0.0, dtypes.float32), Load(x, (Iter(b), Iter(i), Iter(l)))), True)):
+        term = Binary(Binop.MUL, factor, Load(w, (Iter(b), Iter(l), Iter(j))))
+        batched = loop(b, 3, loop(i, 50, loop(j, 40, loop(l, 200, accumulate(c, cell, term)))))
+        g = plan_contraction(block_sums(RoutineIR("batched", batched)).body, 32).gemm
+        assert g.outer == ((b, 3),) and g.shared == SharedLoops(
+            Strides(0, (10000,), 200, 1), Strides(0, (8000,), 1, 40), Strides(0, (2000,), 40, 1), plus_zero, False)
 
 
 def test_plan_gemm_sizes_its_tiles_by_the_vector_width():
