@@ -600,13 +600,13 @@ def _shared_loops(plan: ContractionPlan, product: Contraction, outer: Loops, row
 
 
 def _plain_factor(factor: Expr) -> tuple[Load, bool] | None:
-    """``(load, plus_zero)`` of a factor that is a float32 load or ``0.0 + load`` (``plus_zero``)."""
-    if isinstance(factor, Load) and factor.dtype is dtypes.float32:
-        return factor, False
-    if (isinstance(factor, Binary) and factor.op is Binop.ADD and isinstance(factor.a, Const)
-            and isinstance(factor.b, Load) and factor.b.dtype is dtypes.float32 and factor.dtype is dtypes.float32
-            and factor.a.value == 0.0 and math.copysign(1.0, factor.a.value) > 0):
-        return factor.b, True
+    """``(load, plus_zero)`` of a factor that is a load of float32 storage, or ``0.0 + load``
+    (``plus_zero``): the shared loops read the operand's floats as they lie."""
+    plus_zero = (isinstance(factor, Binary) and factor.op is Binop.ADD and factor.dtype is dtypes.float32
+                 and isinstance(factor.a, Const) and factor.a.value == 0.0 and math.copysign(1.0, factor.a.value) > 0)
+    load = factor.b if plus_zero else factor
+    if isinstance(load, Load) and load.tnode.dtype is dtypes.float32:
+        return load, plus_zero
     return None
 
 

@@ -613,6 +613,13 @@ def test_plan_runs_products_linear_in_their_loops_in_shared_loops():
         g = plan_contraction(block_sums(RoutineIR("batched", batched)).body, 32).gemm
         assert g.outer == ((b, 3),) and g.shared == SharedLoops(
             Strides(0, (10000,), 200, 1), Strides(0, (8000,), 1, 40), Strides(0, (2000,), 40, 1), plus_zero, False)
+    # An operand stored as float16: its loads convert, which the shared loops, reading floats, would not.
+    half, v, y = TNode("half", (50, 200), dtypes.float16), TNode("v", (200, 40)), TNode("y", (50, 40))
+    term = Binary(Binop.MUL, Load(half, (Iter(i), Iter(l))), Load(v, (Iter(l), Iter(j))))
+    cell = (Iter(i), Iter(j))
+    nest = loop(i, 50, loop(j, 40, seq(Store(y, cell, Const(0.0, dtypes.float32)), loop(l, 200, accumulate(y, cell, term)))))
+    g = plan_contraction(block_sums(RoutineIR("half", nest)).body, 32).gemm
+    assert g is not None and g.shared is None
 
 
 def test_plan_gemm_sizes_its_tiles_by_the_vector_width():
