@@ -173,7 +173,8 @@ static OCANNL_GEMM_FN void ocannl_gemm_pack_6(float *restrict strip, const float
    of B first. */
 static OCANNL_GEMM_FN void ocannl_gemm_loops_6x16_unit(ocannl_gemm_kernel kernel, const ocannl_gemm_args *restrict g, float *restrict pb,
     int64_t bi, int64_t jc, int64_t iu, int64_t mu, int64_t nb) {
-  const int64_t o0 = bi / (g->outer[1]*g->outer[2]), o1 = bi / g->outer[2] % g->outer[1], o2 = bi % g->outer[2];
+  const int64_t o0 = bi / (g->outer[1]*g->outer[2]), o1 = bi / g->outer[2] % g->outer[1],
+                o2 = bi % g->outer[2];
   const float *const a = g->a + g->a_outer[0]*o0 + g->a_outer[1]*o1 + g->a_outer[2]*o2;
   const float *const b = g->b + g->b_outer[0]*o0 + g->b_outer[1]*o1 + g->b_outer[2]*o2;
   float *const c = g->c + g->c_outer[0]*o0 + g->c_outer[1]*o1 + g->c_outer[2]*o2;
@@ -206,7 +207,8 @@ static OCANNL_GEMM_FN void ocannl_gemm_loops_6x16_unit(ocannl_gemm_kernel kernel
           /* an edge tile, or a result whose columns are apart: its cells through a buffer */
           float t[96] = {0};
           for (int64_t r = 0; r < h; ++r)
-            for (int64_t q = 0; q < w; ++q) t[16*r + q] = fresh ? g->start : corner[g->c_rows*r + g->c_cols*q];
+            for (int64_t q = 0; q < w; ++q)
+              t[16*r + q] = fresh ? g->start : corner[g->c_rows*r + g->c_cols*q];
           kernel(kc, ap, bp, t, 16, 0, 0.0f);
           for (int64_t r = 0; r < h; ++r)
             for (int64_t q = 0; q < w; ++q) corner[g->c_rows*r + g->c_cols*q] = t[16*r + q];
@@ -238,7 +240,8 @@ static OCANNL_GEMM_FN void ocannl_gemm_loops_6x16_units(ocannl_gemm_kernel kerne
     for (int64_t r = 2; r <= u; ++r)
       if (((u + r - 1) / r) * g->m + r * g->n < ((u + ru - 1) / ru) * g->m + ru * g->n) ru = r;
     const int64_t cu = (u + ru - 1) / ru;
-    const int64_t rows = ((g->m + ru - 1) / ru + 5) / 6 * 6, cols = ((g->n + cu - 1) / cu + 15) / 16 * 16;
+    const int64_t rows = ((g->m + ru - 1) / ru + 5) / 6 * 6,
+                  cols = ((g->n + cu - 1) / cu + 15) / 16 * 16;
     mu = rows;
     nb = cols > g->nc ? g->nc : cols;
   }

@@ -245,10 +245,12 @@ class Packing:
 @dataclass(frozen=True)
 class Strides:
     """Where an operand of a packed GEMM, or its result, lies when its offset is linear in each of
-    the GEMM's loops: ``offset``, plus ``outer[i]`` times the index of the ``i``-th loop around the
-    products, plus ``along`` times the flat index of the operand's rows (or columns; the result's
-    rows), plus ``k`` times the flat index of the terms (the result's columns), in floats."""
+    the GEMM's loops: in ``node``, at ``offset``, plus ``outer[i]`` times the index of the ``i``-th
+    loop around the products, plus ``along`` times the flat index of the operand's rows (or
+    columns; the result's rows), plus ``k`` times the flat index of the terms (the result's
+    columns), in floats."""
 
+    node: TNode
     offset: int
     outer: tuple[int, ...]
     along: int
@@ -624,7 +626,7 @@ def _strides(access: Load | Store, outer: Loops, along: Loops, k: Loops,
     along_stride, k_stride = _flat_stride(along, coefficient), _flat_stride(k, coefficient)
     if along_stride is None or k_stride is None:
         return None
-    return Strides(offset, tuple(coefficient.get(s, 0) for s, _ in outer), along_stride, k_stride)
+    return Strides(node, offset, tuple(coefficient.get(s, 0) for s, _ in outer), along_stride, k_stride)
 
 
 def _packings(plan: ContractionPlan, product: Contraction, loops: tuple[Loops, Loops, Loops],

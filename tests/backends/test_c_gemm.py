@@ -600,24 +600,27 @@ def test_plan_runs_products_linear_in_their_loops_in_shared_loops():
     loops their tile shape shares (``SharedLoops``): each operand's and the result's strides
     along the batch, its rows (or columns) and the terms; a factor ``0.0 + load`` is packed plus
     zero."""
-    nest, _, _ = matmul_nest(50, 200, 40)
+    nest, (a_node, b_node, c_node), _ = matmul_nest(50, 200, 40)
     g = plan_contraction(nest, 32).gemm
-    assert g.shared == SharedLoops(Strides(0, (), 200, 1), Strides(0, (), 1, 40), Strides(0, (), 40, 1))
+    assert g.shared == SharedLoops(Strides(a_node, 0, (), 200, 1), Strides(b_node, 0, (), 1, 40),
+                                   Strides(c_node, 0, (), 40, 1))
     x, w, c = TNode("x", (3, 50, 200)), TNode("w", (3, 200, 40)), TNode("c", (3, 50, 40))
     b, i, j, l = Symbol(), Symbol(), Symbol(), Symbol()
     cell = (Iter(b), Iter(i), Iter(j))
-    for factor, plus_zero in ((Load(x, (Iter(b), Iter(i), Iter(l))), False),
-                              (Binary(Binop.ADD, Const(0.0, dtypes.float32), Load(x, (Iter(b), Iter(i), Iter(l)))), True)):
+    read = Load(x, (Iter(b), Iter(i), Iter(l)))
+    for factor, plus_zero in ((read, False), (Binary(Binop.ADD, Const(0.0, dtypes.float32), read), True)):
         term = Binary(Binop.MUL, factor, Load(w, (Iter(b), Iter(l), Iter(j))))
         batched = loop(b, 3, loop(i, 50, loop(j, 40, loop(l, 200, accumulate(c, cell, term)))))
         g = plan_contraction(block_sums(RoutineIR("batched", batched)).body, 32).gemm
-        assert g.outer == ((b, 3),) and g.shared == SharedLoops(
-            Strides(0, (10000,), 200, 1), Strides(0, (8000,), 1, 40), Strides(0, (2000,), 40, 1), plus_zero, False)
+        assert g.outer == ((b, 3),)
+        assert g.shared == SharedLoops(Strides(x, 0, (10000,), 200, 1), Strides(w, 0, (8000,), 1, 40),
+                                       Strides(c, 0, (2000,), 40, 1), plus_zero, False)
     # An operand stored as float16: its loads convert, which the shared loops, reading floats, would not.
     half, v, y = TNode("half", (50, 200), dtypes.float16), TNode("v", (200, 40)), TNode("y", (50, 40))
     term = Binary(Binop.MUL, Load(half, (Iter(i), Iter(l))), Load(v, (Iter(l), Iter(j))))
     cell = (Iter(i), Iter(j))
-    nest = loop(i, 50, loop(j, 40, seq(Store(y, cell, Const(0.0, dtypes.float32)), loop(l, 200, accumulate(y, cell, term)))))
+    reset = Store(y, cell, Const(0.0, dtypes.float32))
+    nest = loop(i, 50, loop(j, 40, seq(reset, loop(l, 200, accumulate(y, cell, term)))))
     g = plan_contraction(block_sums(RoutineIR("half", nest)).body, 32).gemm
     assert g is not None and g.shared is None
 

@@ -134,8 +134,8 @@ def _row_sums(rows: int, cols: int, length: int):
     x, out = TNode("x", (rows, cols, length)), TNode("out", (rows, cols))
     i, j, s = Symbol(), Symbol(), Symbol()
     v = Local(dtypes.float32)
-    total = LocalScope(v, seq(SetLocal(v, Const(0.0, dtypes.float32)),
-                              loop(s, length, SetLocal(v, Binary(Binop.ADD, GetLocal(v), Load(x, (Iter(i), Iter(j), Iter(s))))))))
+    step = SetLocal(v, Binary(Binop.ADD, GetLocal(v), Load(x, (Iter(i), Iter(j), Iter(s)))))
+    total = LocalScope(v, seq(SetLocal(v, Const(0.0, dtypes.float32)), loop(s, length, step)))
     return loop(i, rows, loop(j, cols, Store(out, (Iter(i), Iter(j)), total)))
 
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Callable
 
 from ocannl.backends.c.cells import cell_start, reset_value
 from ocannl.lowlevel import dtypes
-from ocannl.lowlevel.cpu_schedule import ContractionPlan, GemmPlan, Loops, Packing
+from ocannl.lowlevel.cpu_schedule import ContractionPlan, GemmPlan, Loops, Packing, Strides
 from ocannl.lowlevel.identifiers import comment_text
 from ocannl.lowlevel.ir import Binary, Load, format_expr, format_stmt
 from ocannl.lowlevel.scalar_ops import Binop
@@ -60,11 +60,6 @@ def gemm_comment(emitter: Emitter, plan: ContractionPlan) -> str:
              else "each cell sums in loop order */")
     return (f"/* {comment_text(what)}, as a packed GEMM: {g.mr}x{g.nr} micro-kernel, "
             f"cache blocks mc x kc x nc = {g.mc} x {g.kc} x {g.nc}; " + order)
-
-
-def _load(factor) -> Load:
-    """The load a factor of shared GEMM loops reads (``cpu_schedule.SharedLoops``)."""
-    return factor if isinstance(factor, Load) else factor.b
 
 
 def _minimum(a: str, b: str) -> str:
@@ -140,25 +135,23 @@ class _GemmPrinter:
         """The call of the loops the product's tile shape shares (``cpu_schedule.SharedLoops``),
         naming each of its addresses, strides and sizes."""
         g, e, shared = self.g, self.e, self.g.shared
-        store = self.plan.store
-        places = (("a", _load(g.a), shared.a, shared.a_plus_zero, g.a_packing),
-                  ("b", _load(g.b), shared.b, shared.b_plus_zero, g.b_packing))
+        places = (("a", shared.a, shared.a_plus_zero, g.a_packing), ("b", shared.b, shared.b_plus_zero, g.b_packing))
 
         def triple(values, pad: int = 0) -> str:  # one value per loop around the products
             return "{" + ", ".join(str(v) for v in (*values, *(pad,) * (3 - len(values)))) + "}"
 
-        def address(node, strides) -> str:
-            return e.nodes[node] + (f" + {strides.offset}" if strides.offset else "")
+        def address(strides: Strides) -> str:
+            return e.nodes[strides.node] + (f" + {strides.offset}" if strides.offset else "")
 
         minus_zero, plus_zero = e.syntax.literal(-0.0, dtypes.float32), self.zero
-        fields = [f".{side} = {address(load.tnode, strides)}, .{side}_outer = {triple(strides.outer)}, "
+        fields = [f".{side} = {address(strides)}, .{side}_outer = {triple(strides.outer)}, "
                   f".{side}_along = {strides.along}, .{side}_k = {strides.k}, "
                   f".{side}_plus = {plus_zero if zero else minus_zero}, "
                   f".{side}_k_block = {int(packing.k_block is not None)}, "
                   f".{side}_in_place = {int(packing.in_place is not None)},"
-                  for side, load, strides, zero, packing in places]
+                  for side, strides, zero, packing in places]
         fields += [
-            f".c = {address(store.tnode, shared.c)}, .c_outer = {triple(shared.c.outer)}, "
+            f".c = {address(shared.c)}, .c_outer = {triple(shared.c.outer)}, "
             f".c_rows = {shared.c.along}, .c_cols = {shared.c.k},",
             f".outer = {triple([n for _, n in g.outer], pad=1)}, .m = {self.m}, .n = {self.n}, "
             f".depth = {self.n_k}, .mc = {self.mc}, .kc = {self.kc}, .nc = {self.nc},",
