@@ -46,9 +46,9 @@ library is verified before it is loaded is ``ocannl/backends/cache.py``. A sourc
 helper functions and one for the routine (``emit.translation_units``), by as many compiler processes at once, into
 object files in a temporary folder, then linked into that one library under the same key.
 
-**Probe.** The compiler must build a tiny library that loads and computes the right value, and,
-unless ``OCANNL_C_OPENMP=0``, a second one with an OpenMP loop (else the kernels are built
-without OpenMP). How compilers are found and probed, and when a verdict is reused, is
+**Probe.** The compiler must build a tiny library that loads and computes the right value:
+unless ``OCANNL_C_OPENMP=0``, one with an OpenMP loop, and where that fails (the kernels are then
+built without OpenMP) or OpenMP is off, one without (a cold start compiles one probe, not two). How compilers are found and probed, and when a verdict is reused, is
 ``ocannl/backends/toolchain.py``; the C setting is the compiler command, the target ISA, fast
 mode and OpenMP.
 """
@@ -170,21 +170,21 @@ def _probe(command: tuple[str, ...], fast: bool, openmp: bool, isa: str) -> CToo
         version += "\n" + _cpu_identity()
     flags = BASE_FLAGS + isa_flags + (FAST_FLAGS if fast else ())
     path = shutil.which(command[0]) or command[0]
+    if openmp:  # a working OpenMP build proves the compiler works: the plain probe only if it fails
+        with_openmp = CToolchain(command, path, version, flags + ("-fopenmp",), True, fast, isa, vector_bytes)
+        # Read once, when the OpenMP runtime loads, which this probe does first (backend.py).
+        openmp_wait_settings()
+        try:
+            check_probe(with_openmp, OPENMP_PROBE, 100, 4950, cache.directory("c", "probes"))
+            return with_openmp
+        except CompileError:
+            pass
     plain = CToolchain(command, path, version, flags, False, fast, isa, vector_bytes)
     try:
         check_probe(plain, PROBE, 13, 40, cache.directory("c", "probes"))
     except CompileError as e:
         raise BackendUnavailable(f"{plain.name} cannot build working shared libraries: {e}; {FIX}") from None
-    if not openmp:
-        return plain
-    with_openmp = CToolchain(command, path, version, flags + ("-fopenmp",), True, fast, isa, vector_bytes)
-    # Read once, when the OpenMP runtime loads, which this probe does first (backend.py).
-    openmp_wait_settings()
-    try:
-        check_probe(with_openmp, OPENMP_PROBE, 100, 4950, cache.directory("c", "probes"))
-    except CompileError:
-        return plain
-    return with_openmp
+    return plain
 
 
 def _target(command: tuple[str, ...], isa: str) -> tuple[str, tuple[str, ...]]:
