@@ -560,7 +560,6 @@ def plan_gemm(plan: ContractionPlan, vector_bytes: int) -> GemmPlan | None:
     # the tile's 12 rows, 4 KiB apart, fell in one set of the L1 cache at every block.
     vectors = mr * (nr // lanes)
     totals_in_registers = block is not None and 2 * vectors + nr // lanes + 1 <= VECTOR_REGISTERS.get(vector_bytes, 16)
-    shared = _shared_loops(plan, product, outer, rows, cols, k, {**extent, **dict(k)})
     return GemmPlan(
         outer=outer,
         rows=rows,
@@ -581,7 +580,7 @@ def plan_gemm(plan: ContractionPlan, vector_bytes: int) -> GemmPlan | None:
         totals_in_registers=totals_in_registers,
         a_packing=a_packing,
         b_packing=b_packing,
-        shared=shared,
+        shared=_shared_loops(plan, product, outer, rows, cols, k, {**extent, **dict(k)}),
     )
 
 

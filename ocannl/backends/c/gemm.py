@@ -143,17 +143,25 @@ def pack(width: int, k_block: int) -> list[str]:
     ]
 
 
+_B_PANEL = "(g->b_in_place ? 0 : (g->kc*g->nc + 15) / 16 * 16)"
+"""The floats of a thread's packed panel of B in the shared loops (none where B is read in place)."""
+
+
 def shared_loops(mr: int, nr: int) -> list[str]:
     """The loops of every packed GEMM of ``mr x nr`` tiles that runs in shared loops
-    (``cpu_schedule.SharedLoops``), as three functions: one unit of work, the units of one
-    thread, and the entry, which runs them on the threads of a parallel region of its own where
-    the product asks for it. They do what ``gemm_printer.py`` prints for a GEMM of its own
-    (its module docstring), with the sizes and strides read from the call's arguments and the
-    micro-kernel called through its address; the packing is :func:`pack`'s."""
-    name = loops_name(mr, nr)
-    tile = f"{mr}x{nr}"
-    b_panel = "(g->b_in_place ? 0 : (g->kc*g->nc + 15) / 16 * 16)"
-    lines = [
+    (``cpu_schedule.SharedLoops``), as three functions: one unit of work (:func:`_unit`), the
+    units of one thread (:func:`_units`), and the entry (:func:`_entry`), which runs them on the
+    threads of a parallel region of its own where the product asks for it. They do what
+    ``gemm_printer.py`` prints for a GEMM of its own (its module docstring), with the sizes and
+    strides read from the call's arguments and the micro-kernel called through its address; the
+    packing is :func:`pack`'s."""
+    return [*_unit(mr, nr), "", *_units(mr, nr), "", *_entry(mr, nr)]
+
+
+def _unit(mr: int, nr: int) -> list[str]:
+    """One unit of work: ``nb`` columns by ``mu`` rows of one product, its panels in order."""
+    name, tile = loops_name(mr, nr), f"{mr}x{nr}"
+    return [
         f"/* One unit of work of a packed GEMM of {tile} tiles: the product bi of the loops around the",
         "   products, nb columns from jc by mu rows from iu; pb: this thread's packing buffers, the panel",
         "   of B first. */",
@@ -164,7 +172,7 @@ def shared_loops(mr: int, nr: int) -> list[str]:
         "  const float *const a = g->a + g->a_outer[0]*o0 + g->a_outer[1]*o1 + g->a_outer[2]*o2;",
         "  const float *const b = g->b + g->b_outer[0]*o0 + g->b_outer[1]*o1 + g->b_outer[2]*o2;",
         "  float *const c = g->c + g->c_outer[0]*o0 + g->c_outer[1]*o1 + g->c_outer[2]*o2;",
-        f"  float *const pa = pb + {b_panel};",
+        f"  float *const pa = pb + {_B_PANEL};",
         "  const int64_t nc = g->n - jc < nb ? g->n - jc : nb, mend = iu + mu < g->m ? iu + mu : g->m;",
         "  for (int64_t pc = 0; pc < g->depth; pc += g->kc) {",
         "    const int64_t kc = g->depth - pc < g->kc ? g->depth - pc : g->kc;",
@@ -203,12 +211,18 @@ def shared_loops(mr: int, nr: int) -> list[str]:
         "    }",
         "  }",
         "}",
-        "",
+    ]
+
+
+def _units(mr: int, nr: int) -> list[str]:
+    """A thread's units, shared out as ``gemm_printer._GemmPrinter.thread_shares`` says."""
+    name, tile = loops_name(mr, nr), f"{mr}x{nr}"
+    return [
         f"/* The units of work of a packed GEMM of {tile} tiles that one thread runs (in_team: with the",
         "   other threads of the region it runs in), with its own packing buffers. */",
         f"static {GEMM_FN} void {name}_units(ocannl_gemm_kernel kernel, const {ARGS} *restrict g, int in_team,",
         "    int *_status) {",
-        f"  const int64_t bytes = ({b_panel} + (g->a_in_place ? 0 : g->mc*g->kc)) * 4;",
+        f"  const int64_t bytes = ({_B_PANEL} + (g->a_in_place ? 0 : g->mc*g->kc)) * 4;",
         "  float *const pb = bytes ? (float *)aligned_alloc(64, (bytes + 63) / 64 * 64) : 0;",
         "  if (bytes && !pb) __atomic_store_n(_status, g->site, __ATOMIC_RELAXED);",
         "  const int64_t products = g->outer[0]*g->outer[1]*g->outer[2];",
@@ -245,7 +259,13 @@ def shared_loops(mr: int, nr: int) -> list[str]:
         "  }",
         "  free(pb);",
         "}",
-        "",
+    ]
+
+
+def _entry(mr: int, nr: int) -> list[str]:
+    """The function a product's call names: its units on threads or on the calling thread."""
+    name, tile = loops_name(mr, nr), f"{mr}x{nr}"
+    return [
         f"/* A packed GEMM of {tile} tiles (cpu_schedule.SharedLoops): on the threads of a parallel region",
         "   of its own where g->parallel says, else on the calling thread. */",
         f"static {GEMM_FN} void {name}(ocannl_gemm_kernel kernel, const {ARGS} *restrict g, int *_status) {{",
@@ -257,7 +277,6 @@ def shared_loops(mr: int, nr: int) -> list[str]:
         "  }",
         "}",
     ]
-    return lines
 
 
 def vector_type(lanes: int, aligned: bool = True) -> str:
