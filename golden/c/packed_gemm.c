@@ -28,6 +28,25 @@ typedef float ocannl_f32x8u __attribute__((vector_size(32), aligned(4)));
 #include <omp.h>
 #endif
 
+/* The units of a packed GEMM of `products` products of m x n cells on nt threads: two units of
+   work per thread (a thread another process slows down leaves its units to the others), of each
+   product a product a unit when there are enough, as ru shares of the rows by cu of the columns,
+   the split that packs the least (cu*m + ru*n values a term); *mu rows (whole tiles of mr) by *nb
+   columns (whole strips of nr, at most nc) a unit. One thread: a unit of all rows by nc columns. */
+static OCANNL_GEMM_FN void ocannl_gemm_shares(int64_t m, int64_t n, int64_t products, int64_t nt, int64_t mr,
+    int64_t nr, int64_t nc, int64_t *mu, int64_t *nb) {
+  *mu = m;
+  *nb = nc;
+  if (nt <= 1) return;
+  const int64_t u = products == 1 ? 2*nt : (2*nt + products - 1) / products;
+  int64_t ru = 1;
+  for (int64_t r = 2; r <= u; ++r)
+    if (((u + r - 1) / r) * m + r * n < ((u + ru - 1) / ru) * m + ru * n) ru = r;
+  const int64_t cu = (u + ru - 1) / ru, cols = ((n + cu - 1) / cu + nr - 1) / nr * nr;
+  *mu = ((m + ru - 1) / ru + mr - 1) / mr * mr;
+  *nb = cols > nc ? nc : cols;
+}
+
 /* c[6 x 16] (row stride ldc) += a[kc x 6] * b[kc x 16], packed strips, each block of 64 terms summed from zero, then added to c;
    12 accumulators of 8 floats, one lane per cell; fresh: c holds no value yet,
    its cells start from start (their reset). */
@@ -230,21 +249,8 @@ static OCANNL_GEMM_FN void ocannl_gemm_loops_6x16_units(ocannl_gemm_kernel kerne
 #ifdef _OPENMP
   if (in_team) nt = omp_get_num_threads();
 #endif
-  int64_t mu = g->m, nb = g->nc;
-  if (nt > 1) {
-    /* two units of work per thread (a thread another process slows down leaves its units to
-       the others), of each product a product a unit when there are enough: ru shares of the
-       rows by cu of the columns, packing the least */
-    const int64_t u = products == 1 ? 2*nt : (2*nt + products - 1) / products;
-    int64_t ru = 1;
-    for (int64_t r = 2; r <= u; ++r)
-      if (((u + r - 1) / r) * g->m + r * g->n < ((u + ru - 1) / ru) * g->m + ru * g->n) ru = r;
-    const int64_t cu = (u + ru - 1) / ru;
-    const int64_t rows = ((g->m + ru - 1) / ru + 5) / 6 * 6,
-                  cols = ((g->n + cu - 1) / cu + 15) / 16 * 16;
-    mu = rows;
-    nb = cols > g->nc ? g->nc : cols;
-  }
+  int64_t mu, nb;
+  ocannl_gemm_shares(g->m, g->n, products, nt, 6, 16, g->nc, &mu, &nb);
   if (in_team) {
     /* units of columns and rows, each packing its own panels; no thread waits for another */
     #pragma omp for schedule(dynamic) collapse(3)
@@ -271,7 +277,7 @@ static OCANNL_GEMM_FN void ocannl_gemm_loops_6x16(ocannl_gemm_kernel kernel, con
   }
 }
 
-static OCANNL_NEST_FN void packed_gemm_tile6(
+static OCANNL_NEST_FN void packed_gemm_tile7(
     const float *restrict a,
     const float *restrict b,
     float *restrict c,
@@ -290,7 +296,7 @@ static int packed_gemm(
     const float *restrict b,
     float *restrict c) {
   int _status_cell = 0, *_status = &_status_cell;  /* the failed check, if any */
-  packed_gemm_tile6(a, b, c, _status);
+  packed_gemm_tile7(a, b, c, _status);
   return _status_cell;
 }
 

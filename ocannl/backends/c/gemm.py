@@ -106,6 +106,34 @@ def shared_declarations() -> list[str]:
     ]
 
 
+SHARES = "ocannl_gemm_shares"
+
+
+def shares() -> list[str]:
+    """The function that cuts a packed GEMM into units of work for ``nt`` threads, which the
+    loops of every GEMM call (why this cut: ``gemm_printer._GemmPrinter.thread_shares``)."""
+    return [
+        "/* The units of a packed GEMM of `products` products of m x n cells on nt threads: two units of",
+        "   work per thread (a thread another process slows down leaves its units to the others), of each",
+        "   product a product a unit when there are enough, as ru shares of the rows by cu of the columns,",
+        "   the split that packs the least (cu*m + ru*n values a term); *mu rows (whole tiles of mr) by *nb",
+        "   columns (whole strips of nr, at most nc) a unit. One thread: a unit of all rows by nc columns. */",
+        f"static {GEMM_FN} void {SHARES}(int64_t m, int64_t n, int64_t products, int64_t nt, int64_t mr,",
+        "    int64_t nr, int64_t nc, int64_t *mu, int64_t *nb) {",
+        "  *mu = m;",
+        "  *nb = nc;",
+        "  if (nt <= 1) return;",
+        "  const int64_t u = products == 1 ? 2*nt : (2*nt + products - 1) / products;",
+        "  int64_t ru = 1;",
+        "  for (int64_t r = 2; r <= u; ++r)",
+        "    if (((u + r - 1) / r) * m + r * n < ((u + ru - 1) / ru) * m + ru * n) ru = r;",
+        "  const int64_t cu = (u + ru - 1) / ru, cols = ((n + cu - 1) / cu + nr - 1) / nr * nr;",
+        "  *mu = ((m + ru - 1) / ru + mr - 1) / mr * mr;",
+        "  *nb = cols > nc ? nc : cols;",
+        "}",
+    ]
+
+
 def pack_name(width: int) -> str:
     return f"ocannl_gemm_pack_{width}"
 
@@ -230,21 +258,8 @@ def _units(mr: int, nr: int) -> list[str]:
         "#ifdef _OPENMP",
         "  if (in_team) nt = omp_get_num_threads();",
         "#endif",
-        "  int64_t mu = g->m, nb = g->nc;",
-        "  if (nt > 1) {",
-        "    /* two units of work per thread (a thread another process slows down leaves its units to",
-        "       the others), of each product a product a unit when there are enough: ru shares of the",
-        "       rows by cu of the columns, packing the least */",
-        "    const int64_t u = products == 1 ? 2*nt : (2*nt + products - 1) / products;",
-        "    int64_t ru = 1;",
-        "    for (int64_t r = 2; r <= u; ++r)",
-        "      if (((u + r - 1) / r) * g->m + r * g->n < ((u + ru - 1) / ru) * g->m + ru * g->n) ru = r;",
-        "    const int64_t cu = (u + ru - 1) / ru;",
-        f"    const int64_t rows = ((g->m + ru - 1) / ru + {mr - 1}) / {mr} * {mr},",
-        f"                  cols = ((g->n + cu - 1) / cu + {nr - 1}) / {nr} * {nr};",
-        "    mu = rows;",
-        "    nb = cols > g->nc ? g->nc : cols;",
-        "  }",
+        "  int64_t mu, nb;",
+        f"  ocannl_gemm_shares(g->m, g->n, products, nt, {mr}, {nr}, g->nc, &mu, &nb);",
         "  if (in_team) {",
         "    /* units of columns and rows, each packing its own panels; no thread waits for another */",
         "    #pragma omp for schedule(dynamic) collapse(3)",
@@ -418,6 +433,8 @@ class CGemm:
     loops_name = staticmethod(loops_name)
     shared_loops = staticmethod(shared_loops)
     shared_declarations = staticmethod(shared_declarations)
+    shares = staticmethod(shares)
+    shares_name = SHARES
     pack = staticmethod(pack)
     pack_name = staticmethod(pack_name)
     vector_type = staticmethod(vector_type)

@@ -194,7 +194,8 @@ class _GemmPrinter:
         return [what for what, size in buffers if size]
 
     def thread_shares(self) -> None:
-        """The units: two per thread, ``_ru`` row shares by ``_cu`` column shares. A unit packs
+        """The units, ``_mu`` rows by ``_nb`` columns, as ``ocannl_gemm_shares`` (``gemm.shares``,
+        which the shared loops call too) cuts them: two per thread, row shares by column shares. A unit packs
         the rows of the left operand in its share and the columns of the right one in its, so
         the operands are packed ``_cu * m + _ru * n`` values per term in all: the split that packs
         least (all columns to a unit when the rows are few, as in a batch of 64 against 256
@@ -202,22 +203,13 @@ class _GemmPrinter:
         product first: attention's 64 products of 64 x 64 cells, split in four units each on two
         threads, packed every operand twice, and ran slower than on one (the scores of a 16 x 4
         batch of heads: 0.45 ms on one thread, 0.67 on two)."""
-        e, it, m, n, g = self.e, self.it, self.m, self.n, self.g
+        e, it, g = self.e, self.it, self.g
         for line in self.target.thread_count("_nt"):
             e.line(line, indent=not line.startswith("#"))  # preprocessor lines start in the first column
-        batches = math.prod(extent for _, extent in g.outer)
-        units = "2*_nt" if batches == 1 else f"(2*_nt + {batches - 1}) / {batches}"
-        e.line("/* two units of work per thread (a thread another process slows down leaves its units")
-        e.line("   to the others): _ru shares of the rows by _cu of the columns, packing the least */")
-        if batches > 1:
-            e.line(f"/* of each of the {batches} products: a product a unit when there are enough */")
-        e.line(f"{it} _ru = 1;")
-        e.line(f"for ({it} _r = 2, _u = {units}; _r <= _u; ++_r)")
-        e.line(f"  if (((_u + _r - 1) / _r) * {m} + _r * {n} < ((_u + _ru - 1) / _ru) * {m} + _ru * {n}) _ru = _r;")
-        e.line(f"const {it} _cu = ({units} + _ru - 1) / _ru;")
-        rows = f"(({m} + _ru - 1) / _ru + {g.mr - 1}) / {g.mr} * {g.mr}"  # whole tiles
-        cols = f"(({n} + _cu - 1) / _cu + {g.nr - 1}) / {g.nr} * {g.nr}"  # whole strips
-        e.line(f"const {it} _mu = _nt == 1 ? {m} : {rows}, _nb = _nt == 1 || {cols} > {self.nc} ? {self.nc} : {cols};")
+        products = math.prod(extent for _, extent in g.outer)
+        e.line(f"{it} _mu, _nb;")
+        sizes = f"{self.m}, {self.n}, {products}, _nt, {g.mr}, {g.nr}, {self.nc}"
+        e.line(f"{self.target.shares_name}({sizes}, &_mu, &_nb);")
         e.line("/* units of columns and rows, each packing its own panels; no thread waits for another */")
         e.line(self.target.work_shared_for(len(self.loops)))
 

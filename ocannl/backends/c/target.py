@@ -207,10 +207,10 @@ class CTarget:
         self.helper(emitter, "tile", plan.nest, print_body, NEST_FN if packed else TILE_FN)
 
     def _declare_gemm_kernel(self, g: GemmPlan) -> None:
-        """Adds the GEMM declarations (once per source) and ``g``'s micro-kernel (once per
-        shape) to :attr:`functions`."""
+        """Adds the GEMM declarations and the cutting of units (once per source) and ``g``'s
+        micro-kernel (once per shape) to :attr:`functions`."""
         if not self._gemm_kernels:
-            self.functions.append(self.gemm.declarations())
+            self.functions += [self.gemm.declarations(), self.gemm.shares()]
         if g.kernel not in self._gemm_kernels:
             if g.lanes > 1:
                 self.declare_vector_type(g.lanes)
