@@ -259,6 +259,7 @@ static OCANNL_GEMM_FN void ocannl_gemm_loops_6x16_units(ocannl_gemm_kernel kerne
         for (int64_t iu = 0; iu < g->m; iu += mu)
           if (pb || !bytes) ocannl_gemm_loops_6x16_unit(kernel, g, pb, bi, jc, iu, mu, nb);
   } else if (pb || !bytes) {
+    /* the same loops, no worksharing: the caller may be a thread of another region */
     for (int64_t bi = 0; bi < products; ++bi)
       for (int64_t jc = 0; jc < g->n; jc += nb)
         for (int64_t iu = 0; iu < g->m; iu += mu) ocannl_gemm_loops_6x16_unit(kernel, g, pb, bi, jc, iu, mu, nb);

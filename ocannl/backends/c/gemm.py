@@ -268,6 +268,7 @@ def _units(mr: int, nr: int) -> list[str]:
         "        for (int64_t iu = 0; iu < g->m; iu += mu)",
         f"          if (pb || !bytes) {name}_unit(kernel, g, pb, bi, jc, iu, mu, nb);",
         "  } else if (pb || !bytes) {",
+        "    /* the same loops, no worksharing: the caller may be a thread of another region */",
         "    for (int64_t bi = 0; bi < products; ++bi)",
         "      for (int64_t jc = 0; jc < g->n; jc += nb)",
         f"        for (int64_t iu = 0; iu < g->m; iu += mu) {name}_unit(kernel, g, pb, bi, jc, iu, mu, nb);",
