@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, Sequence
 
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.analysis import (
@@ -1371,6 +1371,40 @@ def plan_top_level(stmt: Stmt, vector_bytes: int | None, threads: bool) -> TopLe
     if contraction is None and _self_contained(stmt):
         return TopLevelPlan(stmt, "function", nest)
     return TopLevelPlan(stmt, "inline", nest)
+
+
+PART_CUT_ONE_IN = 16
+"""A long routine's parts (:func:`plan_parts`) end after the statements whose fingerprint is a
+multiple of this: about one statement in 16, so a part holds about 16 statements, as many as
+the repeated blocks of a deep network align on."""
+
+PART_STATEMENTS_MIN, PART_STATEMENTS_MAX = 4, 48
+"""The fewest statements a part ends at a fingerprint with, and the most it holds: bounds on the
+calls of parts (each is a function the C compiler optimizes alone, and a call the routine's
+function makes) and on the length of one."""
+
+
+def plan_parts(fingerprints: Sequence[int]) -> tuple[range, ...]:
+    """Where a long routine's parts begin and end (``CTarget.body``, ``ocannl/backends/c/target.py``),
+    given each top-level statement's fingerprint (``ocannl/lowlevel/structure.py``): a part ends
+    after a statement whose fingerprint is a multiple of :data:`PART_CUT_ONE_IN`, once it holds
+    :data:`PART_STATEMENTS_MIN` statements, and at :data:`PART_STATEMENTS_MAX` statements.
+
+    The cuts depend on the statements around them, not on where the routine starts: every
+    repetition of a deep network's block is cut at the same statements (from the first cut in
+    it), so its parts have the same structure and the C target prints each of them once. Parts
+    of a fixed length would start in another place of each block whenever the block's length is
+    no multiple of it, and no two would be alike."""
+    parts: list[range] = []
+    start = 0
+    for k, fp in enumerate(fingerprints):
+        length = k + 1 - start
+        if length >= PART_STATEMENTS_MAX or (length >= PART_STATEMENTS_MIN and fp % PART_CUT_ONE_IN == 0):
+            parts.append(range(start, k + 1))
+            start = k + 1
+    if start < len(fingerprints):
+        parts.append(range(start, len(fingerprints)))
+    return tuple(parts)
 
 
 def _self_contained(stmt: Stmt) -> bool:

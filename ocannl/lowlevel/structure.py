@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 import struct
+import zlib
 from dataclasses import dataclass
-from typing import Callable, Hashable
+from typing import Callable, Hashable, Sequence
 
 from ocannl.lowlevel.dtypes import DType
 from ocannl.lowlevel.indexing import IndexSymbol, Symbol
@@ -84,6 +86,34 @@ def structure(stmt: Stmt, node_facts: Callable[[TNode], Hashable] = lambda node:
 
     key = walk(stmt)
     return Structure(key, tuple(nodes), tuple(symbols), tuple(locals_))
+
+
+def sequence_structure(parts: Sequence[Structure]) -> Structure:
+    """The structure of statements run in sequence, from theirs: each statement's key, with
+    which of the sequence's nodes, symbols and locals its own numbers stand for (numbered in
+    order of first appearance over the sequence). Two sequences get equal keys exactly when
+    their statements do and they share the same nodes, symbols and locals between statements,
+    so the key tells what one walk over the sequence would; a caller that already holds its
+    statements' structures (``ocannl/backends/c/target.py``: a long routine's parts, made of the
+    statements it prints one by one) walks none of them again."""
+    nodes: dict[TNode, int] = {}
+    symbols: dict[Symbol, int] = {}
+    locals_: dict[Local, int] = {}
+    key = tuple((part.key, tuple(nodes.setdefault(x, len(nodes)) for x in part.nodes),
+                 tuple(symbols.setdefault(x, len(symbols)) for x in part.symbols),
+                 tuple(locals_.setdefault(x, len(locals_)) for x in part.locals)) for part in parts)
+    return Structure(("sequence", key), tuple(nodes), tuple(symbols), tuple(locals_))
+
+
+_OBJECT_ID = re.compile(r"\('object', \d+\)")
+
+
+def fingerprint(key: Hashable) -> int:
+    """A 32-bit number of a structure's ``key``, the same in every process (Python's ``hash`` of
+    a string is salted per process): a decision taken from it, such as where a long routine's
+    parts begin (``cpu_schedule.plan_parts``), gives the same source on every run. Objects held
+    by identity count as one value here, so two keys differing only there share a fingerprint."""
+    return zlib.crc32(_OBJECT_ID.sub("?", repr(key)).encode())
 
 
 _KINDS: dict[type, str] = {}

@@ -16,6 +16,7 @@ from ocannl.backends import cache
 from ocannl.backends.c import CBackend, compiler
 from ocannl.backends.c.emit import emit_c
 from ocannl.backends.codegen import PART_STATEMENTS
+from ocannl.lowlevel.cpu_schedule import PART_STATEMENTS_MAX
 from ocannl.backends.interp import InterpBackend
 from ocannl.errors import OcannlError
 from ocannl.lowlevel import dtypes
@@ -220,11 +221,36 @@ def test_a_long_routine_runs_in_parts():
     n = 2 * PART_STATEMENTS + 3
     routine, first = pointwise_chain(n)
     text = emit_c(routine).text
-    assert len(re.findall(r"^static OCANNL_NEST_FN void chain_part\d+\(", text, flags=re.MULTILINE)) == 3
+    parts = re.findall(r"^static OCANNL_NEST_FN void chain_part\d+\(", text, flags=re.MULTILINE)
     assert len(helper_calls(text, "nest")) == n
-    entry = text[text.index("static OCANNL_CALLS_FN int chain("):]  # it only calls its parts
-    assert len(helper_calls(entry, "part")) == 3 and not helper_calls(entry, "nest")
+    # The routine's function only calls its parts, passing the buffers as the entry gets them.
+    entry = text[text.index("static OCANNL_CALLS_FN int chain(void *const *_buffers, const int64_t *_symbols) {"):]
+    calls = helper_calls(entry, "part")
+    assert len(calls) == len(parts) >= n // PART_STATEMENTS_MAX and not helper_calls(entry, "nest")
+    assert "_unpacked" not in text
+    args = re.findall(r"^\s+chain_part\d+\((.*)\);$", entry, flags=re.MULTILINE)
+    assert all(re.fullmatch(r"(_buffers\[\d+\], )+_status", a) for a in args), args
     assert_runs_like_the_interpreter(routine, {first: np.linspace(-1.0, 1.0, 5)})
+
+
+@needs_cc
+def test_the_parts_of_repeated_blocks_are_printed_once():
+    """A routine repeating a block of statements on other buffers (a deep network's layers) is
+    cut into parts at the same statements of each repetition (``cpu_schedule.plan_parts``), so
+    its parts are a few functions called many times, whatever the block's length."""
+    blocks, length = 12, 23  # no divisor of the old fixed part length (32)
+    nodes = [TNode(f"t{k}", (5,), dtypes.float32) for k in range(blocks * length + 1)]
+    nests = []
+    for k, (prev, node) in enumerate(zip(nodes, nodes[1:])):
+        i = Symbol()
+        value = Binary(Binop.MUL, Load(prev, (Iter(i),)), Const(1.0 + k % length, dtypes.float32))
+        nests.append(loop(i, 5, Store(node, (Iter(i),), Unary(Unop.RELU, value))))
+    routine = RoutineIR("chain", seq(*nests))
+    text = emit_c(routine).text
+    printed = re.findall(r"^static OCANNL_NEST_FN void chain_part\d+\(", text, flags=re.MULTILINE)
+    calls = helper_calls(text, "part")
+    assert len(calls) >= blocks and len(printed) <= len(calls) // 4
+    assert_runs_like_the_interpreter(routine, {nodes[0]: np.linspace(-1.0, 1.0, 5)})
 
 
 @needs_cc

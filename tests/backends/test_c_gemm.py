@@ -791,7 +791,7 @@ print("then", float(ctx.get(c.value)[0, 0]))
 def test_packing_buffers_that_cannot_be_allocated_raise_a_project_error():
     """With no address space left for the packing buffers the routine reports the failure (a
     failed check, site kind ``memory``) and the backend raises ``KernelMemoryError``, naming
-    the product and the bytes, instead of crashing."""
+    the product's sizes and the bytes, instead of crashing."""
     tests_dir = Path(__file__).resolve().parent
     # One thread (no thread stacks to map); the address space limited below what is mapped and
     # the heap's free blocks taken, so no allocation of 64 KiB or more can succeed.
@@ -802,7 +802,7 @@ def test_packing_buffers_that_cannot_be_allocated_raise_a_project_error():
     assert done.returncode == 0, done.stderr
     first, then = done.stdout.splitlines()
     assert first.startswith("KernelMemoryError: no memory for a thread's packing buffers"), done.stdout
-    assert "bytes) of the product" in first
+    assert "bytes) of a 256x256 by 256x256 product" in first
     assert then == "then 256.0", done.stdout
 
 

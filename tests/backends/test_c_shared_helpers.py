@@ -175,8 +175,9 @@ def test_a_shared_function_reports_the_check_of_its_caller():
         routine.run()
 
 
-def test_translation_units_spread_the_helpers_and_keep_the_routine_apart():
-    routine, _ = pointwise_chain(6)
+@pytest.mark.parametrize("nests", [6, 70])  # 70: run in parts, the routine's function taking the arrays
+def test_translation_units_spread_the_helpers_and_keep_the_routine_apart(nests):
+    routine, _ = pointwise_chain(nests)
     text = emit_c(routine).text
     units = translation_units(text, 3)
     assert len(units) == 3 and translation_units(text, 2) == [text]
@@ -184,14 +185,15 @@ def test_translation_units_spread_the_helpers_and_keep_the_routine_apart():
     for k, unit in enumerate(units):
         defined = re.findall(rf"^{re.escape(HIDDEN)} OCANNL_NEST_FN void (\w+)\(.*?\) {{$", unit,
                              flags=re.MULTILINE | re.DOTALL)
-        assert ("static int chain(" in unit) == (k == len(units) - 1)
+        assert bool(re.search(r"^static (OCANNL_CALLS_FN )?int chain\(", unit, re.MULTILINE)) == (k == len(units) - 1)
         assert not helper_definitions(unit) and (defined or k == len(units) - 1)
     assert sorted(d for u in units for d in re.findall(r"^\S.* void (\w+)\([^;]*?\) \{$", u, flags=re.MULTILINE)
                   if d in names) == sorted(names)
 
 
 @needs_cc
-def test_a_source_built_as_several_units_computes_the_same(monkeypatch, tmp_path):
+@pytest.mark.parametrize("nests", [6, 70])
+def test_a_source_built_as_several_units_computes_the_same(monkeypatch, tmp_path, nests):
     monkeypatch.setenv("OCANNL_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("OCANNL_C_FAST", "0")
     monkeypatch.setattr(compiler, "PARALLEL_BYTES", 0)
@@ -200,9 +202,10 @@ def test_a_source_built_as_several_units_computes_the_same(monkeypatch, tmp_path
     compile_objects = compiler.compile_objects
     monkeypatch.setattr(compiler, "compile_objects", lambda units, *a: built.append(len(units)) or
                         compile_objects(units, *a))
-    routine, first = pointwise_chain(6)
+    routine, first = pointwise_chain(nests)
     assert_runs_like_the_interpreter(routine, {first: np.linspace(-1.0, 1.0, 5)})
-    assert built == [5]  # the helpers spread over up to two units a core (here their four), one for the routine
+    # The helpers spread over up to two units a core (six nests: their four), one for the routine.
+    assert built == [{6: 5, 70: 7}[nests]]
     assert len(list((tmp_path / "c").glob("*.so"))) == 1  # one library in the cache
 
 
@@ -240,9 +243,9 @@ def test_a_nest_of_a_structure_printed_before_is_not_printed_again(monkeypatch):
     printed = [0]
     helper = target.CTarget.helper
 
-    def counting(self, emitter, kind, stmt, print_body, macro=target.NEST_FN):
+    def counting(self, emitter, kind, stmt, print_body, macro=target.NEST_FN, parts=None):
         functions = len(self.functions)
-        helper(self, emitter, kind, stmt, print_body, macro)
+        helper(self, emitter, kind, stmt, print_body, macro, parts)
         printed[0] += len(self.functions) > functions
 
     monkeypatch.setattr(target.CTarget, "helper", counting)

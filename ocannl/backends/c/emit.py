@@ -34,7 +34,8 @@ parameter order (through the static ``<function>_unpacked``): one call through c
 most 1024 arguments, and a deep network's training routine touches thousands of buffers. The
 routine's function is ``static``, so that call binds to it even when a library loaded earlier
 exports a function of the same name. A routine run in parts is marked ``OCANNL_CALLS_FN``
-(``target.py``): it only calls its parts.
+(``target.py``): it only calls its parts, and takes the two arrays itself, its calls passing
+their elements (:func:`_calls_reading_arrays`).
 
 ``Routine.run_many`` runs the routine for many steps in one call, through a second exported
 function, ``<function>_steps(_buffers, _steps, _n, _n_records, _record_src, _record_dst,
@@ -112,10 +113,17 @@ def emit_c(routine: RoutineIR, *, parallel: bool = True, vector_bytes: int | Non
     helpers, body = share_identical_helpers(target.functions, target.body(emitter, _timer if profile else None))
     nodes = tuple(emitter.nodes)
     symbols = tuple(emitter.symbols)
-    params = [pointer_param(emitter, n) for n in nodes] + [f"int64_t {emitter.symbols[s]}" for s in symbols]
     checks = bool(emitter.sites or target.functions)
-    lines = [f"static {CALLS_FN} int {fn}(" if target.in_parts else f"static int {fn}("]
-    lines += [f"    {p}," for p in params[:-1]] + [f"    {params[-1]}) {{" if params else "    void) {"]
+    entry, steps_entry, unpacking = f"{fn}_packed", f"{fn}_steps", f"{fn}_unpacked"
+    calls = _calls_reading_arrays(body, emitter) if target.in_parts else None
+    if calls is not None:
+        body, unpacking = calls, fn
+        lines = [f"static {CALLS_FN} int {fn}(void *const *_buffers, const int64_t *_symbols) {{"]
+        lines += [f"  (void){array};" for array, n in (("_buffers", nodes), ("_symbols", symbols)) if not n]
+    else:
+        params = [pointer_param(emitter, n) for n in nodes] + [f"int64_t {emitter.symbols[s]}" for s in symbols]
+        lines = [f"static {CALLS_FN} int {fn}(" if target.in_parts else f"static int {fn}("]
+        lines += [f"    {p}," for p in params[:-1]] + [f"    {params[-1]}) {{" if params else "    void) {"]
     if checks:
         lines.append("  int _status_cell = 0, *_status = &_status_cell;  /* the failed check, if any */")
     if profile:
@@ -126,8 +134,8 @@ def emit_c(routine: RoutineIR, *, parallel: bool = True, vector_bytes: int | Non
         lines.append(f"  _profile[{timers + 1}] += 1;")
     lines.append("  return _status_cell;" if checks else "  return 0;")
     lines.append("}")
-    entry, steps_entry, unpacking = f"{fn}_packed", f"{fn}_steps", f"{fn}_unpacked"
-    lines += ["", *_unpacking_function(unpacking, fn, len(nodes), len(symbols))]
+    if calls is None:
+        lines += ["", *_unpacking_function(unpacking, fn, len(nodes), len(symbols))]
     lines += ["", f"int {entry}(void *const *_buffers, const int64_t *_symbols) {{",
               f"  return {unpacking}(_buffers, _symbols);", "}"]
     lines += ["", *_steps_entry(steps_entry, unpacking, len(symbols))]
@@ -153,6 +161,35 @@ def emit_c(routine: RoutineIR, *, parallel: bool = True, vector_bytes: int | Non
     text += code + "\n"
     return CSource(routine.name, fn, entry, steps_entry, text, nodes, symbols, tuple(emitter.sites),
                    profile_entry, timers)
+
+
+_CALL = re.compile(r"(\s*)(\w+)\((.*)\);\Z")
+_GATE = "if (_status_cell) return _status_cell;"
+
+
+def _calls_reading_arrays(body: list[str], emitter: Emitter) -> list[str] | None:
+    """A routine's ``body`` run in parts, its calls passing each buffer as its element of
+    ``_buffers`` and each index symbol as its element of ``_symbols`` (in parameter order), where
+    its lines are only calls, comments and the return after a failed check (``None`` if not).
+
+    The routine's function then takes the two arrays itself: as a function of one parameter per
+    buffer, called by an unpacking function, a 12-block GPT's training routine (1649 buffers)
+    took GCC 0.44 s to compile, reading the arrays 0.18 s. The body only calls, so it loses
+    nothing the ``restrict`` parameters told the optimizer."""
+    names = {name: f"_buffers[{k}]" for k, name in enumerate(emitter.nodes.values())}
+    names.update((name, f"_symbols[{k}]") for k, name in enumerate(emitter.symbols.values()))
+    out = []
+    for line in body:
+        text = line.lstrip()
+        call = _CALL.match(line)
+        if call is not None:
+            args = ", ".join(names.get(a, a) for a in call.group(3).split(", "))
+            out.append(f"{call.group(1)}{call.group(2)}({args});")
+        elif (text.startswith("/*") and text.endswith("*/")) or text.startswith(_GATE):
+            out.append(line)
+        else:
+            return None
+    return out
 
 
 def _timer(k: int) -> tuple[str, str]:
@@ -223,7 +260,7 @@ HIDDEN = '__attribute__((visibility("hidden")))'
 """How a helper function compiled in its own translation unit is declared instead of ``static``:
 seen by the library's other units, never exported, so no other library's symbol takes its place."""
 _HELPER_START = re.compile(rf"^static (?={NEST_FN} |{TILE_FN} |{GEMM_FN} )", re.MULTILINE)
-_ROUTINE_START = re.compile(rf"^static (?:{CALLS_FN} )?int \w+\($", re.MULTILINE)
+_ROUTINE_START = re.compile(rf"^static (?:{CALLS_FN} )?int \w+\((?:$|void \*const \*_buffers, )", re.MULTILINE)
 
 
 def translation_units(text: str, count: int) -> list[str]:

@@ -122,9 +122,11 @@ class _GemmPrinter:
     def print(self) -> None:
         g, e = self.g, self.e
         e.line(gemm_comment(e, self.plan))
-        where = format_stmt(self.plan.store, e.namer).rstrip(";")
+        # The message names the product by its sizes, not by its statement: the products of a
+        # deep network's repeated blocks then share one check, and the C target prints the
+        # parts of the routine holding them once (``target.py``, ``helper``).
         site = e.site("memory", f"no memory for a thread's packing buffers ({(self.panel_b + self.block_a) * 4} "
-                                f"bytes) of the product in `{where}`") if self.buffers else None
+                                f"bytes) of a {self.m}x{self.n_k} by {self.n_k}x{self.n} product") if self.buffers else None
         if g.shared is not None:
             self.shared_call(site)
             return

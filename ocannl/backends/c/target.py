@@ -4,8 +4,10 @@ calls of helper functions, and contractions printed as their plan says, register
 
 Each top-level loop nest that uses no local of the code around it becomes a helper function,
 and a routine of more than :data:`~ocannl.backends.codegen.PART_STATEMENTS` top-level statements
-runs them in parts, a helper function each (the decision is the CPU plan's,
-:func:`~ocannl.lowlevel.cpu_schedule.plan_top_level`). The C compiler then optimizes many short
+runs them in parts, a helper function each (the decisions are the CPU plan's,
+:func:`~ocannl.lowlevel.cpu_schedule.plan_top_level` and
+:func:`~ocannl.lowlevel.cpu_schedule.plan_parts`, which cuts every repetition of a deep
+network's block alike, so its parts are printed once). The C compiler then optimizes many short
 functions instead of one as long as the routine: the time its optimizer takes grows faster than
 linearly in the length of a function (alias queries between memory accesses, register allocation
 across a long sequence of calls), and a training routine holds a few nests per layer. A
@@ -15,20 +17,22 @@ contraction is a helper function of its own too.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Hashable
+from typing import Callable, Hashable, Sequence
 
 from ocannl.backends.c.gemm import CGemm
 from ocannl.backends.c.tile_printer import TilePrinter
 from ocannl.backends.codegen import PART_STATEMENTS, Emitter
 from ocannl.lowlevel.analysis import last_check
 from ocannl.lowlevel.cost import timed_statements
-from ocannl.lowlevel.cpu_schedule import PACK_K_BLOCK, GemmPlan, MicroKernel, NestPlan, TopLevelPlan, plan_top_level
+from ocannl.lowlevel.cpu_schedule import (
+    PACK_K_BLOCK, GemmPlan, MicroKernel, NestPlan, TopLevelPlan, plan_parts, plan_top_level,
+)
 from ocannl.lowlevel.indexing import AnySymbol, IndexSymbol, Symbol, index_symbols
 from ocannl.lowlevel.ir import (
     DeclareLocal, EmbedIndex, Fill, Load, LoadDynamic, Stmt, Store, StoreDynamic, iter_exprs, iter_stmts, seq,
     stmt_exprs, top_level,
 )
-from ocannl.lowlevel.structure import Structure, structure
+from ocannl.lowlevel.structure import Structure, fingerprint, sequence_structure, structure
 from ocannl.lowlevel.tnode import TNode
 
 NEST_FN = "OCANNL_NEST_FN"
@@ -86,6 +90,9 @@ class CTarget:
         self.in_parts = False
         """After :meth:`body`: the body only calls its parts' helper functions."""
         self._printed: dict[Hashable, _Printed] = {}
+        self._structures: dict[int, tuple[Stmt, Structure]] = {}
+        """Each statement's structure (:meth:`_statement_structure`), by the statement's identity
+        (kept alive with it)."""
         self._skipped = 0
         """Helper functions not printed (:meth:`helper`), counted in the numbers of those printed
         after them: the source is the one printing them all would give once ``shared_helpers.py``
@@ -130,9 +137,9 @@ class CTarget:
             self.statements(emitter, top)
         else:
             self.in_parts = True
-            for k in range(0, len(top), PART_STATEMENTS):
-                part = top[k : k + PART_STATEMENTS]
-                self.helper(emitter, "part", seq(*part), lambda part=part: self.statements(emitter, part))
+            for cut in plan_parts([fingerprint(self._statement_structure(emitter, s).key) for s in top]):
+                part = top[cut.start : cut.stop]
+                self.helper(emitter, "part", seq(*part), lambda part=part: self.statements(emitter, part), parts=part)
 
     def statements(self, emitter: Emitter, stmts: list[Stmt]) -> None:
         """Prints top-level statements as their :class:`~ocannl.lowlevel.cpu_schedule.TopLevelPlan` says."""
@@ -152,13 +159,14 @@ class CTarget:
             emitter.stmt(plan.stmt)
 
     def helper(self, emitter: Emitter, kind: str, stmt: Stmt, print_body: Callable[[], None],
-               macro: str = NEST_FN) -> None:
+               macro: str = NEST_FN, parts: Sequence[Stmt] | None = None) -> None:
         """Prints a call of a new helper function ``<function>_<kind><k>`` whose body
         ``print_body`` prints: the code of ``stmt``, which names the parameters; or a call of the
         helper printed for a statement of the same structure (:meth:`_structure`), unless printing
         that one numbered runtime checks (their messages name their statement: such helpers are
-        printed, and ``shared_helpers.py`` passes them their check numbers)."""
-        shape = self._structure(emitter, kind, macro, stmt)
+        printed, and ``shared_helpers.py`` passes them their check numbers). ``parts``: the
+        statements ``stmt`` runs in sequence, whose structures make its own."""
+        shape = self._structure(emitter, kind, macro, stmt, parts)
         printed = self._printed.get(shape.key) if shape is not None else None
         if printed is not None:
             args = [*(printed.argument(emitter, shape, k) for k in range(len(printed.inputs))), "_status"]
@@ -177,18 +185,32 @@ class CTarget:
             helpers = len(self.functions) + self._skipped - before[1]
             self._printed[shape.key] = _Printed(name, tuple(_position(shape, x) for x in inputs[:-1]), helpers)
 
-    def _structure(self, emitter: Emitter, kind: str, macro: str, stmt: Stmt) -> Structure | None:
+    def _structure(self, emitter: Emitter, kind: str, macro: str, stmt: Stmt,
+                   parts: Sequence[Stmt] | None = None) -> Structure | None:
         """The structure (``ocannl/lowlevel/structure.py``) under which ``stmt``'s helper is
         printed once: with the kind, the macro, what the walk knows around it and, per node,
         whether the routine writes it (its pointer is ``const`` if not). ``None`` where the
-        walk prints with values of the code around it (a tile's cell, a local scope)."""
+        walk prints with values of the code around it (a tile's cell, a local scope).
+        ``parts``: the statements ``stmt`` runs in sequence (:func:`sequence_structure`)."""
         scope = emitter.scope
         if scope.env or scope.scope_values or scope.in_scope:
             return None
-        shape = structure(stmt, lambda node: node in emitter.written)
+        if parts is None:
+            shape = self._statement_structure(emitter, stmt)
+        else:
+            shape = sequence_structure([self._statement_structure(emitter, s) for s in parts])
         extents = tuple(scope.extents.get(s) for s in shape.symbols)
         key = (kind, macro, scope.in_parallel, scope.branchless, extents, shape.key)
         return Structure(key, shape.nodes, shape.symbols, shape.locals)
+
+    def _statement_structure(self, emitter: Emitter, stmt: Stmt) -> Structure:
+        """``stmt``'s structure with the facts :meth:`_structure` adds per node, walked once per
+        statement: a long routine's statements are walked for the cuts between its parts
+        (:func:`plan_parts`), for the parts, and again for their nests' helpers."""
+        known = self._structures.get(id(stmt))
+        if known is None or known[0] is not stmt:
+            known = self._structures[id(stmt)] = (stmt, structure(stmt, lambda node: node in emitter.written))
+        return known[1]
 
     def contraction(self, emitter: Emitter, nest: NestPlan) -> None:
         """Prints a contraction as register tiles or a packed GEMM (``nest.contraction``) in a
