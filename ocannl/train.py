@@ -28,7 +28,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from ocannl import checkpoint, session
+from ocannl import checkpoint, collector, session
 from ocannl.errors import SessionError, ShapeError
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.assignments import (Accum, Apply, Arg, Assignment, Block, Computation, Constant, Fetch, Init,
@@ -63,12 +63,13 @@ def grad_update(loss: Tensor, params: Sequence[Tensor] | None = None) -> GradUpd
     order, as one computation (docs/training.md, "Tensors and their code"). ``params``: the
     parameters to differentiate, and so to update, when not every trainable one of the loss's
     graph; the others are frozen for this update only (docs/training.md, "Frozen parameters")."""
-    finish_inference()
-    graph = subgraph(loss)
-    if params is None:
-        return _grad_update(loss, graph)
-    with differentiating_only(graph, _chosen_params(loss, graph, params)):
-        return _grad_update(loss, graph)
+    with collector.paused():  # a deep network's backprop code is many objects (ocannl/collector.py)
+        finish_inference()
+        graph = subgraph(loss)
+        if params is None:
+            return _grad_update(loss, graph)
+        with differentiating_only(graph, _chosen_params(loss, graph, params)):
+            return _grad_update(loss, graph)
 
 
 def _chosen_params(loss: Tensor, graph: list[Tensor], params: Sequence[Tensor]) -> list[Tensor]:

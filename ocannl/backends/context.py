@@ -30,7 +30,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ocannl import config
+from ocannl import collector, config
 from ocannl.backends.profile import report_at_exit
 from ocannl.backends.protocols import BufferOwner, NumpyBuffers
 from ocannl.backends.registry import best_available, get_backend
@@ -171,7 +171,7 @@ class Context:
             raise OcannlError("Context.compile needs at least one computation")
         computations = [_computation(item, k) for k, item in enumerate(items)]
         name = "_then_".join(sanitize_identifier(c.name) or "routine" for c in computations)
-        with self._lock:
+        with self._lock, collector.paused():
             self._initialize(name, computations)
             body = computations[0].body if len(computations) == 1 else Block(tuple(c.body for c in computations))
             routine = self._routine(name, body)
