@@ -12,8 +12,9 @@ from tests.imports import imported_modules, package_modules
 
 PACKAGE_DIR = Path(ocannl.__file__).resolve().parent
 
-FOUNDATION = ("ocannl.errors", "ocannl.session", "ocannl.tempfiles")
-"""Modules every layer may use: the exception types, the session's reset hooks, temporary files."""
+FOUNDATION = ("ocannl.errors", "ocannl.session", "ocannl.tempfiles", "ocannl.collector")
+"""Modules every layer may use: the exception types, the session's reset hooks, temporary files,
+the garbage collector's pauses."""
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", FOUNDATION),
