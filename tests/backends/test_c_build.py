@@ -221,13 +221,15 @@ def test_a_long_routine_runs_in_parts():
     n = 2 * PART_STATEMENTS + 3
     routine, first = pointwise_chain(n)
     text = emit_c(routine).text
-    parts = re.findall(r"^static OCANNL_NEST_FN void chain_part\d+\(", text, flags=re.MULTILINE)
+    parts = re.findall(r"^static OCANNL_PART_FN void chain_part\d+\(", text, flags=re.MULTILINE)
     assert len(helper_calls(text, "nest")) == n
     # The routine's function only calls its parts, passing the buffers as the entry gets them.
     entry = text[text.index("static OCANNL_CALLS_FN int chain(void *const *_buffers, const int64_t *_symbols) {"):]
     calls = helper_calls(entry, "part")
     assert len(calls) == len(parts) >= n // PART_STATEMENTS_MAX and not helper_calls(entry, "nest")
     assert "_unpacked" not in text
+    # Parts only call, so they are built as the routine is (-O1 on GCC), and kept out of line.
+    assert "#define OCANNL_PART_FN OCANNL_NEST_FN OCANNL_CALLS_FN" in text and "#define OCANNL_NEST_FN" in text
     args = re.findall(r"^\s+chain_part\d+\((.*)\);$", entry, flags=re.MULTILINE)
     assert all(re.fullmatch(r"(_buffers\[\d+\], )+_status", a) for a in args), args
     assert_runs_like_the_interpreter(routine, {first: np.linspace(-1.0, 1.0, 5)})
@@ -247,7 +249,7 @@ def test_the_parts_of_repeated_blocks_are_printed_once():
         nests.append(loop(i, 5, Store(node, (Iter(i),), Unary(Unop.RELU, value))))
     routine = RoutineIR("chain", seq(*nests))
     text = emit_c(routine).text
-    printed = re.findall(r"^static OCANNL_NEST_FN void chain_part\d+\(", text, flags=re.MULTILINE)
+    printed = re.findall(r"^static OCANNL_PART_FN void chain_part\d+\(", text, flags=re.MULTILINE)
     calls = helper_calls(text, "part")
     assert len(calls) >= blocks and len(printed) <= len(calls) // 4
     assert_runs_like_the_interpreter(routine, {nodes[0]: np.linspace(-1.0, 1.0, 5)})

@@ -56,7 +56,8 @@ from ocannl.backends.c.gemm import GEMM_FN, GEMM_FN_DEFINITION
 from ocannl.backends.c.shared_helpers import share_identical_helpers
 from ocannl.backends.c.syntax import CSyntax
 from ocannl.backends.c.target import (
-    CALLS_FN, CALLS_FN_DEFINITION, NEST_FN, NEST_FN_DEFINITION, TILE_FN, TILE_FN_DEFINITION, CTarget, pointer_param,
+    CALLS_FN, CALLS_FN_DEFINITION, NEST_FN, NEST_FN_DEFINITION, PART_FN, PART_FN_DEFINITION, TILE_FN,
+    TILE_FN_DEFINITION, CTarget, pointer_param,
 )
 from ocannl.backends.codegen import Emitter, Site, comment_text
 from ocannl.lowlevel.indexing import IndexSymbol
@@ -150,8 +151,9 @@ def emit_c(routine: RoutineIR, *, parallel: bool = True, vector_bytes: int | Non
     header += [f"#include <{h}>" for h in INCLUDES]
     text = "\n".join(header) + "\n\n"
     for macro, definition in ((NEST_FN, NEST_FN_DEFINITION), (TILE_FN, TILE_FN_DEFINITION),
-                              (CALLS_FN, CALLS_FN_DEFINITION), (GEMM_FN, GEMM_FN_DEFINITION)):
-        if macro in code:
+                              (CALLS_FN, CALLS_FN_DEFINITION), (PART_FN, PART_FN_DEFINITION),
+                              (GEMM_FN, GEMM_FN_DEFINITION)):
+        if macro in code or (macro in (NEST_FN, CALLS_FN) and PART_FN in code):  # a part's macro names them
             text += definition + "\n\n"
     builtins = syntax.builtins()
     if builtins:
@@ -259,7 +261,7 @@ def _steps_entry(name: str, unpacking: str, n_symbols: int) -> list[str]:
 HIDDEN = '__attribute__((visibility("hidden")))'
 """How a helper function compiled in its own translation unit is declared instead of ``static``:
 seen by the library's other units, never exported, so no other library's symbol takes its place."""
-_HELPER_START = re.compile(rf"^static (?={NEST_FN} |{TILE_FN} |{GEMM_FN} )", re.MULTILINE)
+_HELPER_START = re.compile(rf"^static (?={NEST_FN} |{TILE_FN} |{GEMM_FN} |{PART_FN} )", re.MULTILINE)
 _ROUTINE_START = re.compile(rf"^static (?:{CALLS_FN} )?int \w+\((?:$|void \*const \*_buffers, )", re.MULTILINE)
 
 

@@ -38,9 +38,9 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from ocannl.backends.c.target import NEST_FN, TILE_FN
+from ocannl.backends.c.target import NEST_FN, PART_FN, TILE_FN
 
-_SIGNATURE = re.compile(rf"static (?:{NEST_FN}|{TILE_FN}) void (\w+)\($")
+_SIGNATURE = re.compile(rf"static (?:{NEST_FN}|{TILE_FN}|{PART_FN}) void (\w+)\($")
 _IDENTIFIER = re.compile(r"([A-Za-z_]\w*)")
 """A name (and the letters of a number such as ``1e-05f``, which no renaming touches)."""
 _NUMBERED = re.compile(r"_?[iv]\d+\Z")
