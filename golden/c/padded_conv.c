@@ -3,8 +3,8 @@
 #include <stdint.h>
 #include <string.h>
 
-/* A function kept out of line per loop nest, and per part of a long routine: the optimizer */
-/* works on one short function at a time, so the build time grows linearly with the routine. */
+/* A function kept out of line per loop nest: the optimizer works on one short function at */
+/* a time, so the build time grows linearly with the routine. */
 #if defined(__GNUC__)
 #define OCANNL_NEST_FN __attribute__((noinline))
 #else
