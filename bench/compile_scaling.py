@@ -21,13 +21,26 @@ Per N it prints:
 
 Building the graph and its gradient code (the frontend) is timed apart, as ``frontend``.
 
+``--gpt-blocks 2 12`` measures the GPT of ``bench/cpu_steps.py`` (its ``gpt`` workload's sizes)
+with that many transformer blocks instead, from building the model to its compiled training
+step, each in a fresh process on the cores this one may use (``taskset -c 0`` for one core), the
+kernel cache empty and the C compiler's checks included, as a user's first run pays them: ``python`` (this process's
+processor time), ``cc`` (the C compiler's, all its processes), ``total`` (wall seconds), and at
+the end the ratio of the total at the most blocks to that at the fewest, which the blocks' shared
+code should keep low (``docs/codegen.md``, "C").
+
     python -m bench.compile_scaling [--backend c|interp] [--layers 25 50 100 200 1000]
+    python -m bench.compile_scaling --gpt-blocks 2 12 [--repeat 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import resource
+import subprocess
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
@@ -102,42 +115,93 @@ def slowest_unit(source: str) -> tuple[int, float]:
     return len(units), slowest
 
 
+@contextmanager
+def _cache_directory(path: str) -> Iterator[None]:
+    """Inside, the kernel cache is ``path``."""
+    previous = os.environ.get("OCANNL_CACHE_DIR")
+    os.environ["OCANNL_CACHE_DIR"] = path
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ["OCANNL_CACHE_DIR"]
+        else:
+            os.environ["OCANNL_CACHE_DIR"] = previous
+
+
 def measure(n_layers: int, backend: str) -> dict[str, float]:
     """Seconds per phase for one N, in a fresh session with an empty kernel cache."""
     ocannl.session.reset()
     timer = _CcTimer()
-    with tempfile.TemporaryDirectory(prefix="ocannl-compile-scaling-") as cache:
-        previous = os.environ.get("OCANNL_CACHE_DIR")
-        os.environ["OCANNL_CACHE_DIR"] = cache
-        try:
-            start = time.perf_counter()
-            update, sgd = build(n_layers)
-            frontend = time.perf_counter() - start
-            ctx = oc.Context(backend)
-            if backend == "c":  # the C compiler's checks, once per cache: not part of compiling
-                from ocannl.backends.c.compiler import toolchain
+    with tempfile.TemporaryDirectory(prefix="ocannl-compile-scaling-") as cache, _cache_directory(cache):
+        start = time.perf_counter()
+        update, sgd = build(n_layers)
+        frontend = time.perf_counter() - start
+        ctx = oc.Context(backend)
+        if backend == "c":  # the C compiler's checks, once per cache: not part of compiling
+            from ocannl.backends.c.compiler import toolchain
 
-                toolchain()
-            with timer.installed():
-                start = time.perf_counter()
-                step = ctx.compile(update, sgd)
-                total = time.perf_counter() - start
-            step.run()
-        finally:
-            if previous is None:
-                del os.environ["OCANNL_CACHE_DIR"]
-            else:
-                os.environ["OCANNL_CACHE_DIR"] = previous
+            toolchain()
+        with timer.installed():
+            start = time.perf_counter()
+            step = ctx.compile(update, sgd)
+            total = time.perf_counter() - start
+        step.run()
     units, unit_cc = slowest_unit(timer.longest) if backend == "c" else (0, 0.0)
     return {"frontend": frontend, "python": total - timer.seconds, "cc": timer.seconds, "total": total,
             "units": units, "unit cc": unit_cc}
+
+
+def gpt_build(blocks: int) -> dict[str, float]:
+    """Builds and compiles the GPT of ``bench/cpu_steps.py`` with ``blocks`` blocks in this
+    process, from an empty kernel cache: seconds of wall time, of this process's processor time
+    and of the C compiler's."""
+    from bench.cpu_steps import WORKLOAD_KEYS, build_gpt
+
+    with tempfile.TemporaryDirectory(prefix="ocannl-compile-scaling-") as cache, _cache_directory(cache):
+        ocannl.session.reset()
+        oc.seed(0)
+        start, python = time.perf_counter(), time.process_time()
+        build_gpt(**WORKLOAD_KEYS["gpt"].sizes, blocks=blocks)
+        total, python = time.perf_counter() - start, time.process_time() - python
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"total": total, "python": python, "cc": children.ru_utime + children.ru_stime}
+
+
+def gpt_scaling(block_counts: list[int], repeat: int) -> None:
+    """The table of ``--gpt-blocks`` (module docstring): each count ``repeat`` times, in fresh
+    processes taking turns; the best of each column."""
+    print("GPT of bench/cpu_steps.py, Adam, empty kernel cache, a fresh process each; best of", repeat)
+    results: dict[int, list[dict[str, float]]] = {n: [] for n in block_counts}
+    for _ in range(repeat):
+        for n in block_counts:
+            done = subprocess.run([sys.executable, "-m", "bench.compile_scaling", "--gpt-blocks-child", str(n)],
+                                  capture_output=True, text=True, check=True)
+            results[n].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    print("  ".join(f"{h:>12}" for h in ("blocks", "python s", "cc s", "total s")))
+    best = {n: {k: min(r[k] for r in rs) for k in ("python", "cc", "total")} for n, rs in results.items()}
+    for n, b in best.items():
+        print(f"{n:>12}" + "".join(f"  {b[k]:>12.2f}" for k in ("python", "cc", "total")), flush=True)
+    if len(best) > 1:
+        small, large = min(best), max(best)
+        print(f"total at {large} blocks / at {small}: {best[large]['total'] / best[small]['total']:.2f}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", choices=("c", "interp"), default="c")
     parser.add_argument("--layers", type=int, nargs="+", default=[25, 50, 100, 200, 1000], metavar="N")
+    parser.add_argument("--gpt-blocks", type=int, nargs="+", metavar="B",
+                        help="measure the GPT of bench/cpu_steps.py with B blocks instead (C backend)")
+    parser.add_argument("--repeat", type=int, default=3, help="with --gpt-blocks: processes per count")
+    parser.add_argument("--gpt-blocks-child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.gpt_blocks_child is not None:
+        print(json.dumps(gpt_build(args.gpt_blocks_child)))
+        return
+    if args.gpt_blocks:
+        gpt_scaling(args.gpt_blocks, args.repeat)
+        return
     print(f"backend {args.backend}, width {WIDTH}, grad_update + sgd_update, empty kernel cache")
     header = ("N", "frontend s", "python s", "cc s", "units", "unit cc s", "total s", "python/layer ms", "cc/layer ms",
               "total/layer ms")
