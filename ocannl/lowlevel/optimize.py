@@ -953,7 +953,7 @@ class _Keyer:
         self.bound: dict[Any, int] = {}
 
     def key(self, x: Any) -> Any:
-        if self.bound or not is_dataclass(x) or isinstance(x, type):
+        if self.bound or _field_names(type(x)) is None:
             return self.structure(x)
         hit = self.cache.known.get(id(x))
         if hit is not None and hit[0] is x:
@@ -982,16 +982,19 @@ class _Keyer:
                 return number(tuple(self.key(y) for y in x))
             case DType() | TNode() | IndexSymbol():
                 return x
-        if is_dataclass(x) and not isinstance(x, type):
-            return number((type(x).__name__,) + tuple(self.key(getattr(x, name)) for name in _field_names(type(x))))
+        names = _field_names(type(x))
+        if names is not None:
+            return number((type(x).__name__,) + tuple(self.key(getattr(x, name)) for name in names))
         return x
 
 
 @functools.cache
-def _field_names(cls: type) -> tuple[str, ...]:
-    """The names of the fields of the dataclass ``cls``: :func:`dataclasses.fields` builds them
-    anew at every call, and CSE keys every sub-expression of a routine."""
-    return tuple(f.name for f in fields(cls))
+def _field_names(cls: type) -> tuple[str, ...] | None:
+    """The names of the fields of instances of ``cls``, ``None`` when they are no dataclass
+    instances (``cls`` itself is ``type`` for a class): :func:`dataclasses.fields` builds them
+    anew at every call, :func:`dataclasses.is_dataclass` looks the class up at every call, and
+    CSE keys every sub-expression of a routine."""
+    return tuple(f.name for f in fields(cls)) if is_dataclass(cls) else None
 
 
 class _ReplaceByKey(Rewriter):
