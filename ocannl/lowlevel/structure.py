@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import operator
 import re
 import struct
 import zlib
@@ -47,7 +48,8 @@ class Structure:
     locals: tuple[Local, ...]
 
 
-_FIELDS: dict[type, tuple[str, ...]] = {}
+_FIELDS: dict[type, Callable[[object], tuple]] = {}
+"""Each dataclass type's :func:`_field_values`, made by :func:`_kind`."""
 _PLAIN = (int, str, bool, type(None), enum.Enum, DType, IndexSymbol)
 
 
@@ -59,11 +61,12 @@ def structure(stmt: Stmt, node_facts: Callable[[TNode], Hashable] = lambda node:
     locals_: dict[Local, int] = {}
 
     def walk(x: object) -> Hashable:
-        kind = _KINDS.get(type(x)) or _kind(type(x))
+        cls = type(x)
+        kind = _KINDS.get(cls) or _kind(cls)
         if kind == "dataclass":
-            return (type(x).__name__, *(walk(getattr(x, f)) for f in _FIELDS[type(x)]))
+            return (cls.__name__, *map(walk, _FIELDS[cls](x)))
         if kind == "sequence":
-            return (type(x).__name__, *map(walk, x))
+            return (cls.__name__, *map(walk, x))
         if kind == "plain":
             return (type(x).__name__, x)
         if kind == "symbol":
@@ -79,7 +82,7 @@ def structure(stmt: Stmt, node_facts: Callable[[TNode], Hashable] = lambda node:
             if k is not None:
                 return ("local", k)
             locals_[x] = len(locals_)
-            return ("local", len(locals_) - 1, *(walk(getattr(x, f)) for f in _FIELDS[type(x)]))
+            return ("local", len(locals_) - 1, *map(walk, _FIELDS[cls](x)))
         if kind == "float":
             return ("float", struct.pack("<d", x))
         return ("object", id(x))  # kept alive by the statement, so its id is its own
@@ -141,6 +144,15 @@ def _kind(cls: type) -> str:
     else:
         kind = "object"
     if kind in ("dataclass", "local"):
-        _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))
+        _FIELDS[cls] = _field_values(tuple(f.name for f in dataclasses.fields(cls)))
     _KINDS[cls] = kind
     return kind
+
+
+def _field_values(names: tuple[str, ...]) -> Callable[[object], tuple]:
+    """A function giving an object's fields ``names`` as a tuple, in one call
+    (:func:`operator.attrgetter`, which gives a lone field bare)."""
+    if len(names) == 1:
+        name = names[0]
+        return lambda x: (getattr(x, name),)
+    return operator.attrgetter(*names) if names else (lambda x: ())
