@@ -54,7 +54,7 @@ from ocannl.lowlevel.indexing import Affine, AnySymbol, AxisIndex, Fixed, IndexS
 from ocannl.lowlevel.ir import (
     Binary, Cast, Comment, Const, DeclareLocal, EmbedIndex, Expr, Fill, For, GetLocal, Load, LoadDynamic, Local,
     LocalScope, Namer, RoutineIR, Seq, SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary,
-    format_routine, format_stmt, iter_exprs,
+    format_stmt, iter_exprs, number_names,
 )
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
 from ocannl.lowlevel.cpu_schedule import NestPlan, plan_loop, plan_nest
@@ -247,7 +247,7 @@ class Emitter:
         self.parallel = parallel
         self.target = target
         self.namer = Namer()
-        format_routine(routine, self.namer)  # number loops and locals exactly as the .ll file
+        number_names(routine.body, self.namer)  # loops and locals numbered exactly as in the .ll file
         # Node names are already reserved nowhere; this scope adds the function, its tile
         # helpers and the caller's names, and separates nodes that share a name (nodes made in
         # two sessions).

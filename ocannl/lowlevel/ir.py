@@ -613,6 +613,67 @@ class Namer:
         return self._locals.setdefault(local, f"v{len(self._locals)}")
 
 
+def number_names(stmt: Stmt, namer: Namer) -> None:
+    """Has ``namer`` name every loop symbol and local of ``stmt`` in the order :func:`format_stmt`
+    asks for them, printing nothing: a backend naming its loops as the ``.ll`` file does walks a
+    deep network's routine once, without formatting it (a test keeps the two orders equal)."""
+    match stmt:
+        case For(symbol=s, body=body):
+            namer.symbol(s)
+            number_names(body, namer)
+        case Seq(stmts=stmts):
+            for x in stmts:
+                number_names(x, namer)
+        case Store(indices=idx, value=v):
+            _number_indices(idx, namer)
+            _number_expr(v, namer)
+        case StoreDynamic(position=p, indices=idx, value=v):
+            _number_indices(idx, namer)
+            _number_expr(p, namer)
+            _number_expr(v, namer)
+        case Fill(value=v):
+            _number_expr(v, namer)
+        case DeclareLocal(local=local):
+            namer.local(local)
+        case SetLocal(local=local, value=v):
+            namer.local(local)
+            _number_expr(v, namer)
+
+
+def _number_expr(e: Expr, namer: Namer) -> None:
+    match e:
+        case Load(indices=idx):
+            _number_indices(idx, namer)
+        case LoadDynamic(position=p, indices=idx):
+            _number_indices(idx, namer)
+            _number_expr(p, namer)
+        case Unary(x=x) | Cast(x=x):
+            _number_expr(x, namer)
+        case Binary(a=a, b=b):
+            _number_expr(a, namer)
+            _number_expr(b, namer)
+        case Ternary(a=a, b=b, c=c):
+            _number_expr(a, namer)
+            _number_expr(b, namer)
+            _number_expr(c, namer)
+        case EmbedIndex(index=index):
+            _number_indices((index,), namer)
+        case GetLocal(local=local):
+            namer.local(local)
+        case LocalScope(local=local, body=body):
+            namer.local(local)
+            number_names(body, namer)
+
+
+def _number_indices(indices: tuple[AxisIndex, ...], namer: Namer) -> None:
+    for idx in indices:
+        if isinstance(idx, Iter):
+            namer.symbol(idx.symbol)
+        elif isinstance(idx, Affine):
+            for _, s in idx.terms:
+                namer.symbol(s)
+
+
 def format_routine(routine: RoutineIR, namer: Namer | None = None) -> str:
     """The ``.ll`` text of a routine: a header naming its index symbols, then its statements."""
     namer = namer or Namer()

@@ -6,8 +6,8 @@ from ocannl.lowlevel.dtypes import DTypeError
 from ocannl.lowlevel.indexing import Affine, Fixed, IndexSymbol, Iter, Symbol
 from ocannl.lowlevel.ir import (
     Binary, Cast, Comment, Const, DeclareLocal, EmbedIndex, Fill, GetLocal, Load, LoadDynamic, Local, LocalScope,
-    LoopKind, RoutineIR, Seq, SetLocal, Store, StoreDynamic, Ternary, Unary, format_routine, iter_exprs, iter_stmts,
-    loop, seq, stmt_exprs,
+    LoopKind, Namer, RoutineIR, Seq, SetLocal, Store, StoreDynamic, Ternary, Unary, format_routine, iter_exprs,
+    iter_stmts, loop, number_names, seq, stmt_exprs,
 )
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
 from ocannl.lowlevel.tnode import TNode
@@ -105,7 +105,8 @@ def test_routine_collects_symbols_and_nodes():
     assert format_routine(r) == "embed (step_n : [0..99]):\n  y[] := float32(step_n);\n"
 
 
-def test_every_construct_prints():
+def every_construct() -> Seq:
+    """A body holding every statement and expression kind, its loop symbols reused."""
     t, ids, out = TNode("table", (5, 3)), TNode("ids", (4,), dtypes.int32), TNode("out", (4, 3))
     x = TNode("x", (7,))
     a, b = Symbol(), Symbol()
@@ -124,7 +125,13 @@ def test_every_construct_prints():
         loop(a, 2, SetLocal(v, Binary(Binop.ADD, GetLocal(v), padded))),
         Store(out, (Fixed(0), Fixed(1)), Ternary(Ternop.WHERE, small, Unary(Unop.RELU, GetLocal(v)), fma)),
         Store(out, (Fixed(0), Fixed(2)), LocalScope(Local(dtypes.float32), Seq(()))),
+        loop(a, 2, Store(x, (Iter(a),), Cast(EmbedIndex(Affine(((1, a),), 1)), dtypes.float32))),
     ))
+    return body
+
+
+def test_every_construct_prints():
+    body = every_construct()
     assert format_routine(RoutineIR("all", body)) == (
         "all ():\n"
         "  /* padded * / read here */\n"
@@ -139,7 +146,30 @@ def test_every_construct_prints():
         "  for i0 = 0 to 1 { v0 := (v0 + x[2*i0-1 else 0.0]); }\n"
         "  out[0, 1] := where((v0 < 1.0), relu(v0), fma(v0, v0, 0.5));\n"
         "  out[0, 2] := v1 { };\n"
+        "  for i0 = 0 to 1 { x[i0] := float32(i0+1); }\n"
     )
+
+
+def test_numbering_names_loops_and_locals_as_the_printer_does():
+    """``number_names`` (the C and Metal printers' numbering) asks for each name in the order
+    ``format_routine`` does: a routine printed with its namer reads as printed alone."""
+    import numpy as np
+
+    import ocannl as oc
+    from ocannl import nn, train
+
+    oc.session.reset()
+    oc.seed(0)
+    images = oc.tensor(np.zeros((2, 6, 6, 1), np.float32), batch=1, label="images")
+    ids = oc.tensor(np.array([1, 0]), label="ids")
+    table = oc.param("table", output=(3, 4))
+    logits = nn.linear(3)(oc.relu(nn.conv2d(2)(images))) + oc.take(table, ids).sum()
+    update = train.grad_update(logits.sum())
+    step = oc.Context("interp").compile(update, train.adam_update(update))
+    for routine in (RoutineIR("all", every_construct()), dense_layer(), step.ir):
+        numbered = Namer()
+        number_names(routine.body, numbered)
+        assert format_routine(routine, numbered) == format_routine(routine)
 
 
 def test_long_loops_break():

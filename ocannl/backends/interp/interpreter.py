@@ -34,8 +34,8 @@ from ocannl.lowlevel.dtypes import DType
 from ocannl.lowlevel.indexing import Affine, AxisIndex, Fixed, IndexSymbol, Iter, Symbol
 from ocannl.lowlevel.ir import (
     Binary, Cast, Comment, Const, DeclareLocal, EmbedIndex, Expr, Fill, For, GetLocal, Load, LoadDynamic, Local,
-    LocalScope, Namer, RoutineIR, Seq, SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary, format_routine,
-    format_stmt,
+    LocalScope, Namer, RoutineIR, Seq, SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary, format_stmt,
+    number_names,
 )
 from ocannl.lowlevel.prng_reference import DEFAULT_ROUNDS, KEY_SCHEDULE_PARITY, ROTATIONS
 from ocannl.lowlevel.op_semantics import (scalar_binary, scalar_fma, scalar_uint4x32_pack, scalar_uint4x32_word,
@@ -421,7 +421,7 @@ class ScalarCompiler:
         """Where a run-time failure happens: the routine, the statement, and the values of the
         loop indices and index symbols at that moment."""
         namer, regs = Namer(), self.registers
-        format_routine(self.routine, namer)
+        number_names(self.routine.body, namer)  # the names of the .ll file
         bound = [f"{namer.symbol(s)}={regs[self.register_slots[s]]}" for s in loops]
         bound += [f"{s.name}={regs[r]}" for s, r in self.register_slots.items() if isinstance(s, IndexSymbol)]
         where = format_stmt(statement, namer) if statement is not None else "?"
