@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -51,6 +50,7 @@ import numpy as np
 
 import ocannl as oc
 import ocannl.session
+from bench.cc_time import children_cpu, empty_cache
 from ocannl import train
 
 WIDTH = 16
@@ -115,25 +115,11 @@ def slowest_unit(source: str) -> tuple[int, float]:
     return len(units), slowest
 
 
-@contextmanager
-def _cache_directory(path: str) -> Iterator[None]:
-    """Inside, the kernel cache is ``path``."""
-    previous = os.environ.get("OCANNL_CACHE_DIR")
-    os.environ["OCANNL_CACHE_DIR"] = path
-    try:
-        yield
-    finally:
-        if previous is None:
-            del os.environ["OCANNL_CACHE_DIR"]
-        else:
-            os.environ["OCANNL_CACHE_DIR"] = previous
-
-
 def measure(n_layers: int, backend: str) -> dict[str, float]:
     """Seconds per phase for one N, in a fresh session with an empty kernel cache."""
     ocannl.session.reset()
     timer = _CcTimer()
-    with tempfile.TemporaryDirectory(prefix="ocannl-compile-scaling-") as cache, _cache_directory(cache):
+    with empty_cache():
         start = time.perf_counter()
         update, sgd = build(n_layers)
         frontend = time.perf_counter() - start
@@ -158,14 +144,13 @@ def gpt_build(blocks: int) -> dict[str, float]:
     and of the C compiler's."""
     from bench.cpu_steps import WORKLOAD_KEYS, build_gpt
 
-    with tempfile.TemporaryDirectory(prefix="ocannl-compile-scaling-") as cache, _cache_directory(cache):
+    with empty_cache():
         ocannl.session.reset()
         oc.seed(0)
         start, python = time.perf_counter(), time.process_time()
         build_gpt(**WORKLOAD_KEYS["gpt"].sizes, blocks=blocks)
         total, python = time.perf_counter() - start, time.process_time() - python
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return {"total": total, "python": python, "cc": children.ru_utime + children.ru_stime}
+    return {"total": total, "python": python, "cc": children_cpu()}
 
 
 def gpt_scaling(block_counts: list[int], repeat: int) -> None:

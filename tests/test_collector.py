@@ -5,6 +5,7 @@ import gc
 import threading
 
 import numpy as np
+import pytest
 
 import ocannl as oc
 from ocannl import collector, train
@@ -24,18 +25,16 @@ def test_a_collector_the_user_turned_off_stays_off():
     gc.disable()
     try:
         with collector.paused():
-            pass
+            assert not gc.isenabled()
         assert not gc.isenabled()
     finally:
         gc.enable()
 
 
 def test_a_pause_ends_when_the_build_fails():
-    try:
+    with pytest.raises(ValueError, match="a failed build"):
         with collector.paused():
             raise ValueError("a failed build")
-    except ValueError:
-        pass
     assert gc.isenabled()
 
 
@@ -51,7 +50,7 @@ def test_the_collector_runs_again_once_the_last_thread_ends_its_pause():
     worker.start()
     inside.wait()
     with collector.paused():
-        pass
+        assert not gc.isenabled()
     assert not gc.isenabled()  # the other thread still builds
     release.set()
     worker.join()
