@@ -53,7 +53,7 @@ import re
 from dataclasses import dataclass
 
 from ocannl.backends.c.gemm import GEMM_FN, GEMM_FN_DEFINITION
-from ocannl.backends.c.shared_helpers import share_identical_helpers
+from ocannl.backends.c.shared_helpers import CALL, share_identical_helpers
 from ocannl.backends.c.syntax import CSyntax
 from ocannl.backends.c.target import (
     CALLS_FN, CALLS_FN_DEFINITION, NEST_FN, NEST_FN_DEFINITION, PART_FN, PART_FN_DEFINITION, TILE_FN,
@@ -165,7 +165,6 @@ def emit_c(routine: RoutineIR, *, parallel: bool = True, vector_bytes: int | Non
                    profile_entry, timers)
 
 
-_CALL = re.compile(r"(\s*)(\w+)\((.*)\);\Z")
 _GATE = "if (_status_cell) return _status_cell;"
 
 
@@ -183,7 +182,7 @@ def _calls_reading_arrays(body: list[str], emitter: Emitter) -> list[str] | None
     out = []
     for line in body:
         text = line.lstrip()
-        call = _CALL.match(line)
+        call = CALL.match(line)
         if call is not None:
             args = ", ".join(names.get(a, a) for a in call.group(3).split(", "))
             out.append(f"{call.group(1)}{call.group(2)}({args});")

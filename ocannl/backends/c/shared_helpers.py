@@ -65,7 +65,9 @@ the other groups are what a match skips, the same way over a helper's text with 
 comments (:func:`_integers`)."""
 _SIZED = "ocannl_gemm_"
 """What the text of a packed GEMM's driver has and no other helper: the call of its micro-kernel."""
-_CALL = re.compile(r"(\s*)(\w+)\((.*)\);\Z")
+CALL = re.compile(r"(\s*)(\w+)\((.*)\);\Z")
+"""A line calling a function, a statement of its own: the indentation, the callee, and the
+arguments as the walk prints them, ``, ``-separated (``emit.py`` reads it too)."""
 
 
 @dataclass(frozen=True)
@@ -146,7 +148,7 @@ def _is_site(m: re.Match) -> bool:
 def _canonical_call(line: str, helpers: dict[str, _Helper], family: dict[str, int]) -> str:
     """``line``, a call of an earlier helper written as a call of its family, for keys: the
     arguments in the renumbered order, then the callee's check numbers and Threefry keys."""
-    match = _CALL.match(line)
+    match = CALL.match(line)
     callee = helpers.get(match.group(2)) if match else None
     if callee is None:
         return line
@@ -231,7 +233,7 @@ def _redirect(lines: list[str], calls: dict[str, tuple[str, list[int], list[str]
     """``lines`` with each call of a helper of a family calling the family's kept helper."""
     result = []
     for line in lines:
-        match = _CALL.match(line)
+        match = CALL.match(line)
         if match and match.group(2) in calls:
             name, order, constants = calls[match.group(2)]
             args = match.group(3).split(", ")
