@@ -11,9 +11,15 @@ back, so reference counting frees whatever a build drops; cycles are rare and wa
 collection after the build.
 
 :func:`paused` pauses the collector for a build (``Context.compile``, ``train.grad_update``) and
-restores it after (with it, that GPT's Python took 1.8 s instead of 2.1). Pauses nest and may come from several threads: the collector
-runs again once the last one ends, and only if it ran before the first began (a user who turned
-it off keeps it off).
+restores it after. Pauses nest and may come from several threads: the collector runs again once
+the last one ends, and only if it ran before the first began (a user who turned it off keeps it
+off). When it runs again, every object then tracked moves to the oldest generation
+(``gc.freeze`` then ``gc.unfreeze``) instead of waiting in the youngest: the first collection
+after a build would otherwise walk all that the build made, and a cycle that became garbage
+during the build is freed at the next full collection instead. (Not where the user froze
+objects with ``gc.freeze``, as a server does before it forks: unfreezing would undo that.)
+Building the 12-block GPT took 1.96 s of Python with the collector running, 1.83-1.94 paused,
+1.57-1.72 paused and its objects moved (one core, processes taking turns).
 """
 
 from __future__ import annotations
@@ -43,4 +49,7 @@ def paused() -> Iterator[None]:
         with _lock:
             _pauses -= 1
             if _pauses == 0 and _was_enabled:
+                if gc.get_freeze_count() == 0:  # a user's frozen objects stay frozen
+                    gc.freeze()  # what the build made joins the oldest generation, unwalked (docstring)
+                    gc.unfreeze()
                 gc.enable()

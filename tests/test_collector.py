@@ -21,6 +21,25 @@ def test_pauses_nest_and_restore_the_collector():
     assert gc.isenabled()
 
 
+def test_what_a_build_made_waits_in_the_oldest_generation_not_the_youngest():
+    with collector.paused():
+        made = [[k] for k in range(10_000)]
+        assert gc.get_count()[0] >= 10_000
+    assert gc.get_count()[0] < 1_000 and gc.get_freeze_count() == 0
+    assert gc.is_tracked(made[0])
+
+
+def test_objects_the_user_froze_stay_frozen():
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with collector.paused():
+            [[k] for k in range(100)]
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
+
+
 def test_a_collector_the_user_turned_off_stays_off():
     gc.disable()
     try:
