@@ -541,7 +541,7 @@ def plan_gemm(plan: ContractionPlan, vector_bytes: int) -> GemmPlan | None:
     extent = dict(plan.parallel)
     rows, cols, outer = (tuple((s, extent[s]) for s in side) for side in (product.rows, product.cols, product.batch))
     n_k = math.prod(n for _, n in k)
-    m, n = math.prod(n for _, n in rows), math.prod(n for _, n in cols)
+    m = math.prod(n for _, n in rows)
     mr, nr = _gemm_tile(m, block is None or n_k <= block, vector_bytes)
     mc, kc, nc = GEMM_BLOCKING  # whole tiles per block, whole summation blocks per panel
     unit = block or 1
@@ -1373,10 +1373,10 @@ def plan_top_level(stmt: Stmt, vector_bytes: int | None, threads: bool) -> TopLe
     return TopLevelPlan(stmt, "inline", nest)
 
 
-PART_CUT_ONE_IN = 16
-"""A long routine's parts (:func:`plan_parts`) end after the statements whose fingerprint is a
-multiple of this: about one statement in 16, so a part holds about 16 statements, as many as
-the repeated blocks of a deep network align on."""
+PART_CUT_RADIUS = 8
+"""A long routine's parts (:func:`plan_parts`) end after a statement whose fingerprint is the
+smallest of the statements within this many of it on each side: about one statement in 9 to 17
+of a routine of distinct statements."""
 
 PART_STATEMENTS_MIN, PART_STATEMENTS_MAX = 4, 48
 """The fewest statements a part ends at a fingerprint with, and the most it holds: bounds on the
@@ -1387,24 +1387,38 @@ function makes) and on the length of one."""
 def plan_parts(fingerprints: Sequence[int]) -> tuple[range, ...]:
     """Where a long routine's parts begin and end (``CTarget.body``, ``ocannl/backends/c/target.py``),
     given each top-level statement's fingerprint (``ocannl/lowlevel/structure.py``): a part ends
-    after a statement whose fingerprint is a multiple of :data:`PART_CUT_ONE_IN`, once it holds
-    :data:`PART_STATEMENTS_MIN` statements, and at :data:`PART_STATEMENTS_MAX` statements.
+    after a statement whose fingerprint is smaller than those of the :data:`PART_CUT_RADIUS`
+    statements before it and no larger than those of as many after it (a local minimum, the
+    first of equal ones), once the part holds :data:`PART_STATEMENTS_MIN` statements; and at
+    :data:`PART_STATEMENTS_MAX` statements.
 
-    The cuts depend on the statements around them, not on where the routine starts: every
-    repetition of a deep network's block is cut at the same statements (from the first cut in
-    it), so its parts have the same structure and the C target prints each of them once. Parts
-    of a fixed length would start in another place of each block whenever the block's length is
-    no multiple of it, and no two would be alike."""
+    Whether a statement ends a part depends on the statements around it only, not on where the
+    routine starts nor where the last part ended: every repetition of a deep network's block is
+    cut at the same statements (all but those within the radius of its ends), so its parts have
+    the same structure and the C target prints each of them once. Parts of a fixed length would
+    start in another place of each block whenever the block's length is no multiple of it, and
+    no two would be alike; cuts at fingerprints of a fixed residue miss a whole block often
+    enough (a block of 15 distinct statements has none that is a multiple of 16 once in three),
+    and its parts are then cut by length, in another place each time."""
+    radius = PART_CUT_RADIUS
     parts: list[range] = []
     start = 0
     for k, fp in enumerate(fingerprints):
         length = k + 1 - start
-        if length >= PART_STATEMENTS_MAX or (length >= PART_STATEMENTS_MIN and fp % PART_CUT_ONE_IN == 0):
+        ends = length >= PART_STATEMENTS_MIN and _local_minimum(fingerprints, k, radius)
+        if ends or length >= PART_STATEMENTS_MAX:
             parts.append(range(start, k + 1))
             start = k + 1
     if start < len(fingerprints):
         parts.append(range(start, len(fingerprints)))
     return tuple(parts)
+
+
+def _local_minimum(values: Sequence[int], k: int, radius: int) -> bool:
+    """Whether ``values[k]`` is below the ``radius`` values before it and not above as many after."""
+    v = values[k]
+    return (all(v < x for x in values[max(0, k - radius):k])
+            and all(v <= x for x in values[k + 1:k + 1 + radius]))
 
 
 def _self_contained(stmt: Stmt) -> bool:

@@ -151,21 +151,23 @@ def test_tiles_of_columns_no_term_reads_adjacent_keep_few_scalar_cells():
 
 
 def test_a_long_routine_is_cut_into_parts_at_the_same_statements_of_each_repeated_block():
-    """``plan_parts`` cuts after statements of certain fingerprints, so a block repeated on other
-    buffers (equal fingerprints) is cut at the same places in each repetition whatever its
-    length, with every part within the bounds."""
+    """``plan_parts`` cuts after statements whose fingerprints are smallest among their
+    neighbours', so a block repeated on other buffers (equal fingerprints) is cut at the same
+    places in each repetition whatever its length and its fingerprints, with every part within
+    the bounds."""
     import random
 
     rng = random.Random(0)
-    block = [rng.getrandbits(32) for _ in range(37)]
-    fingerprints = [rng.getrandbits(32) for _ in range(5)] + block * 9
-    parts = cpu_schedule.plan_parts(fingerprints)
-    assert [k for part in parts for k in part] == list(range(len(fingerprints)))
-    assert all(len(part) <= cpu_schedule.PART_STATEMENTS_MAX for part in parts)
-    assert all(len(part) >= cpu_schedule.PART_STATEMENTS_MIN for part in parts[:-1])
-    # From the second repetition on, each starts its parts at the same offsets.
-    offsets = [{(part.start - 5) % len(block) for part in parts if (part.start - 5) // len(block) == r}
-               for r in range(1, 9)]
-    assert offsets[0] and all(o == offsets[0] for o in offsets)
+    for length, odd in ((37, False), (29, True)):  # odd: no fingerprint a multiple of 16 (the old rule's cuts)
+        block = [rng.getrandbits(32) | odd for _ in range(length)]
+        fingerprints = [rng.getrandbits(32) for _ in range(5)] + block * 9
+        parts = cpu_schedule.plan_parts(fingerprints)
+        assert [k for part in parts for k in part] == list(range(len(fingerprints)))
+        assert all(len(part) <= cpu_schedule.PART_STATEMENTS_MAX for part in parts)
+        assert all(len(part) >= cpu_schedule.PART_STATEMENTS_MIN for part in parts[:-1])
+        # From the second repetition on, each starts its parts at the same offsets.
+        offsets = [{(part.start - 5) % length for part in parts if (part.start - 5) // length == r}
+                   for r in range(1, 9)]
+        assert offsets[0] and all(o == offsets[0] for o in offsets)
     # A run of statements no fingerprint cuts still ends parts at the most statements.
     assert cpu_schedule.plan_parts([1] * 100) == (range(0, 48), range(48, 96), range(96, 100))

@@ -29,7 +29,7 @@ from ocannl.lowlevel.cpu_schedule import (
 )
 from ocannl.lowlevel.indexing import AnySymbol, IndexSymbol, Symbol, index_symbols
 from ocannl.lowlevel.ir import (
-    DeclareLocal, EmbedIndex, Fill, Load, LoadDynamic, Stmt, Store, StoreDynamic, iter_exprs, iter_stmts, seq,
+    DeclareLocal, EmbedIndex, Fill, For, Load, LoadDynamic, Stmt, Store, StoreDynamic, iter_exprs, iter_stmts, seq,
     stmt_exprs, top_level,
 )
 from ocannl.lowlevel.structure import Structure, fingerprint, sequence_structure, structure
@@ -154,9 +154,27 @@ class CTarget:
                             parts=part)
 
     def statements(self, emitter: Emitter, stmts: list[Stmt]) -> None:
-        """Prints top-level statements as their :class:`~ocannl.lowlevel.cpu_schedule.TopLevelPlan` says."""
+        """Prints top-level statements as their :class:`~ocannl.lowlevel.cpu_schedule.TopLevelPlan` says.
+
+        A plan is decided from what the statement's structure holds, so a statement whose loop
+        nest has the structure of one printed as a helper function is planned as that one was,
+        as a call of that helper: it is printed so without planning it again (a deep network's
+        blocks repeat their nests; planning one takes as long as printing its call many times)."""
         for s in stmts:
-            self.top_level(emitter, plan_top_level(s, self.vector_bytes, emitter.parallel))
+            if not self._call_printed_nest(emitter, s):
+                self.top_level(emitter, plan_top_level(s, self.vector_bytes, emitter.parallel))
+
+    def _call_printed_nest(self, emitter: Emitter, stmt: Stmt) -> bool:
+        """Prints a call of the helper function printed for a loop nest of ``stmt``'s structure
+        (:meth:`helper`, kind ``"nest"``) and says so; ``False`` (nothing printed) if there is none."""
+        if not isinstance(stmt, For):
+            return False
+        shape = self._structure(emitter, "nest", NEST_FN, stmt)
+        printed = self._printed.get(shape.key) if shape is not None else None
+        if printed is None:
+            return False
+        self._call(emitter, printed, shape)
+        return True
 
     def top_level(self, emitter: Emitter, plan: TopLevelPlan) -> None:
         """Prints one top-level statement as ``plan`` says."""
@@ -181,9 +199,7 @@ class CTarget:
         shape = self._structure(emitter, kind, macro, stmt, parts)
         printed = self._printed.get(shape.key) if shape is not None else None
         if printed is not None:
-            args = [*(printed.argument(emitter, shape, k) for k in range(len(printed.inputs))), "_status"]
-            self._skipped += printed.helpers
-            emitter.line(f"{printed.name}({', '.join(args)});")
+            self._call(emitter, printed, shape)
             return
         before = (len(emitter.sites), len(self.functions) + self._skipped)
         with emitter.entering(emitter.scope.replace(out=[], depth=1, declared=set())) as scope:
@@ -196,6 +212,12 @@ class CTarget:
         if shape is not None and len(emitter.sites) == before[0]:  # checks name their statement
             helpers = len(self.functions) + self._skipped - before[1]
             self._printed[shape.key] = _Printed(name, tuple(_position(shape, x) for x in inputs[:-1]), helpers)
+
+    def _call(self, emitter: Emitter, printed: _Printed, shape: Structure) -> None:
+        """Prints a call of the helper ``printed`` for a statement of its structure, ``shape``."""
+        args = [*(printed.argument(emitter, shape, k) for k in range(len(printed.inputs))), "_status"]
+        self._skipped += printed.helpers
+        emitter.line(f"{printed.name}({', '.join(args)});")
 
     def _structure(self, emitter: Emitter, kind: str, macro: str, stmt: Stmt,
                    parts: Sequence[Stmt] | None = None) -> Structure | None:
