@@ -50,8 +50,8 @@ from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.analysis import affine_form, loop_chain, make_index, provably_within, substitute_index
 from ocannl.lowlevel.indexing import AnySymbol, AxisIndex, Iter, Symbol
 from ocannl.lowlevel.ir import (
-    Binary, Const, EmbedIndex, Expr, For, GetLocal, Load, LoadDynamic, LocalScope, RoutineIR, Seq, Stmt, Store,
-    Ternary, iter_exprs, loop, seq,
+    Binary, Const, EmbedIndex, Expr, For, GetLocal, Load, LoadDynamic, LocalScope, RoutineIR, Seq, Store,
+    Ternary, iter_exprs, nest, seq,
 )
 from ocannl.lowlevel.rewrite import Rewriter
 from ocannl.lowlevel.scalar_ops import Binop, Ternop
@@ -86,10 +86,10 @@ class _Axis:
     """The new loop over the axis."""
 
 
-def gathered(nest: For) -> For | None:
-    """The gather form of the scatter-accumulation ``nest``, or ``None`` when it is not one
-    (or is refused: module docstring)."""
-    loops, leaf = loop_chain(nest)
+def gathered(scatter: For) -> For | None:
+    """The gather form of the scatter-accumulation loop nest ``scatter``, or ``None`` when it is
+    not one (or is refused: module docstring)."""
+    loops, leaf = loop_chain(scatter)
     if not isinstance(leaf, Store) or not isinstance(leaf.value, Binary) or leaf.value.op not in (Binop.ADD, Binop.SUB):
         return None
     node, indices, op, term = leaf.tnode, leaf.indices, leaf.value.op, leaf.value.b
@@ -143,14 +143,14 @@ def gathered(nest: For) -> For | None:
     neutral = _neutral(op, term)
     value = new_term if guard is None else Ternary(Ternop.WHERE, guard, new_term, neutral)
     cell = tuple(Iter(axes[k].w) if k in axes else i for k, i in enumerate(indices))
-    body: Stmt = Store(node, cell, Binary(op, Load(node, cell), value))
-    for _, symbol, n in sorted(order, key=lambda item: item[0], reverse=True):
-        body = loop(symbol, n, body)
-    for k in reversed(range(len(indices))):
+    gather_loops = []
+    for k, index in enumerate(indices):
         if k in axes:
-            body = loop(axes[k].w, node.dims[k], body)
-        elif isinstance(indices[k], Iter):
-            body = loop(indices[k].symbol, extents[indices[k].symbol], body)
+            gather_loops.append((axes[k].w, node.dims[k]))
+        elif isinstance(index, Iter):
+            gather_loops.append((index.symbol, extents[index.symbol]))
+    gather_loops += [(symbol, n) for _, symbol, n in sorted(order, key=lambda item: item[0])]
+    body = nest(gather_loops, Store(node, cell, Binary(op, Load(node, cell), value)))
     assert isinstance(body, For)  # at least one axis is inverted
     return body
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 import enum
 import functools
 from dataclasses import dataclass
-from typing import Callable, Iterator, Union
+from typing import Callable, Iterator, Sequence, Union
 
 from ocannl.errors import ShapeError
 from ocannl.lowlevel import dtypes
@@ -346,15 +346,33 @@ def loop(symbol: Symbol, extent: int, body: Stmt) -> For:
     """A loop, ``PARALLEL`` when its iterations write disjoint cells: every store in ``body``
     indexes some axis by the bare loop index, and the body sets no local declared outside it.
     Otherwise ``REDUCTION``."""
-    stmts = list(iter_stmts(body))  # walked once: lowering wraps each loop of a nest around the inner ones
-    stores = [s for s in stmts if isinstance(s, (Store, StoreDynamic))]
-    declared = {s.local for s in stmts if isinstance(s, DeclareLocal)}
-    parallel = (
-        bool(stores)
-        and all(Iter(symbol) in s.indices for s in stores)
-        and all(s.local in declared for s in stmts if isinstance(s, SetLocal))
-    )
-    return For(symbol, extent, body, LoopKind.PARALLEL if parallel else LoopKind.REDUCTION)
+    result = nest(((symbol, extent),), body)
+    assert isinstance(result, For)
+    return result
+
+
+def nest(loops: Sequence[tuple[Symbol, int]], body: Stmt) -> Stmt:
+    """``body`` inside the loops ``(symbol, extent)`` of ``loops``, outermost first, each kinded as
+    :func:`loop` kinds it: the loops add no store nor local, so one walk of ``body`` decides them
+    all (lowering builds every loop nest so, and a nest wrapped loop by loop would walk its body
+    once per loop)."""
+    stores: list[tuple[AxisIndex, ...]] = []
+    declared: set[Local] = set()
+    set_locals: list[Local] = []
+    for s in iter_stmts(body):
+        kind = type(s)
+        if kind is Store or kind is StoreDynamic:
+            stores.append(s.indices)
+        elif kind is DeclareLocal:
+            declared.add(s.local)
+        elif kind is SetLocal:
+            set_locals.append(s.local)
+    disjoint = bool(stores) and all(local in declared for local in set_locals)
+    for symbol, extent in reversed(loops):
+        index = Iter(symbol)
+        parallel = disjoint and all(index in indices for indices in stores)
+        body = For(symbol, extent, body, LoopKind.PARALLEL if parallel else LoopKind.REDUCTION)
+    return body
 
 
 def iter_stmts(stmt: Stmt) -> Iterator[Stmt]:
@@ -366,22 +384,25 @@ def iter_stmts(stmt: Stmt) -> Iterator[Stmt]:
     while stack:
         s = stack.pop()
         yield s
-        match s:
-            case For(body=body):
-                stack.append(body)
-            case Seq(stmts=stmts):
-                stack.extend(reversed(stmts))
-            case _:
-                stack.extend(reversed(_scope_bodies(s)))
+        kind = type(s)  # by class, not ``match``, as in the walkers below: they visit every node
+        if kind is For:
+            stack.append(s.body)
+        elif kind is Seq:
+            stack.extend(reversed(s.stmts))
+        else:
+            bodies = scope_bodies(s)
+            if bodies:
+                stack.extend(reversed(bodies))
 
 
-def _scope_bodies(stmt: Stmt) -> list[Stmt]:
+def scope_bodies(stmt: Stmt) -> list[Stmt]:
     """The bodies of the local scopes in the expressions of ``stmt`` (not of those nested in a
-    scope's body), in the order of :func:`iter_exprs`. :func:`iter_stmts` asks it of every
-    statement, and most have no scope: a loop over the operands, without a generator, costs a
-    third of walking them with :func:`iter_exprs`."""
-    bodies = []
-    stack = list(reversed(stmt_exprs(stmt)))
+    scope's body, nor of its nested statements), in the order of :func:`iter_exprs`.
+    :func:`iter_stmts` asks it of every statement, and most have no scope: a loop over the
+    operands, without a generator, costs a third of walking them with :func:`iter_exprs`."""
+    bodies: list[Stmt] = []
+    stack = list(stmt_exprs(stmt))
+    stack.reverse()
     while stack:
         x = stack.pop()
         kind = type(x)
@@ -400,11 +421,11 @@ def _scope_bodies(stmt: Stmt) -> list[Stmt]:
 
 def stmt_exprs(stmt: Stmt) -> tuple[Expr, ...]:
     """The expressions a statement evaluates itself (not those of nested statements)."""
-    match stmt:
-        case Store(value=v) | SetLocal(value=v) | Fill(value=v):
-            return (v,)
-        case StoreDynamic(position=p, value=v):
-            return (p, v)
+    kind = type(stmt)
+    if kind is Store or kind is SetLocal or kind is Fill:
+        return (stmt.value,)
+    if kind is StoreDynamic:
+        return (stmt.position, stmt.value)
     return ()
 
 
@@ -421,15 +442,18 @@ def iter_exprs(e: Expr, unconditional: bool = False) -> Iterator[Expr]:
     while stack:
         x = stack.pop()
         yield x
-        match x:
-            case Unary(x=y) | Cast(x=y) | LoadDynamic(position=y):
-                stack.append(y)
-            case Binary(a=a, b=b):
-                stack.extend((b, a))
-            case Ternary(op=Ternop.WHERE, a=a) if unconditional:
-                stack.append(a)
-            case Ternary(a=a, b=b, c=c):
-                stack.extend((c, b, a))
+        kind = type(x)
+        if kind is Binary:
+            stack += (x.b, x.a)
+        elif kind is Unary or kind is Cast:
+            stack.append(x.x)
+        elif kind is LoadDynamic:
+            stack.append(x.position)
+        elif kind is Ternary:
+            if unconditional and x.op is Ternop.WHERE:
+                stack.append(x.a)
+            else:
+                stack += (x.c, x.b, x.a)
 
 
 def unconditional_exprs(e: Expr) -> Iterator[Expr]:
@@ -513,21 +537,27 @@ class RoutineIR:
         symbols: dict[IndexSymbol, None] = {}
         reads: dict[TNode, None] = {}
         writes: dict[TNode, None] = {}
+
+        def index_uses(indices: tuple[AxisIndex, ...]) -> None:
+            for idx in indices:
+                if type(idx) is not Fixed:  # a fixed index names no symbol
+                    symbols.update((s, None) for s in index_symbols(idx) if type(s) is IndexSymbol)
+
         for stmt in iter_stmts(self.body):
-            exprs = [sub for e in stmt_exprs(stmt) for sub in iter_exprs(e)]
-            accesses: list[tuple[AxisIndex, ...]] = []
-            for e in exprs:
-                if isinstance(e, (Load, LoadDynamic)):
-                    reads[e.tnode] = None
-                    accesses.append(e.indices)
-                elif isinstance(e, EmbedIndex):
-                    accesses.append((e.index,))
-            if isinstance(stmt, (Store, StoreDynamic, Fill)):
+            for e in stmt_exprs(stmt):
+                for sub in iter_exprs(e):
+                    kind = type(sub)
+                    if kind is Load or kind is LoadDynamic:
+                        reads[sub.tnode] = None
+                        index_uses(sub.indices)
+                    elif kind is EmbedIndex:
+                        index_uses((sub.index,))
+            kind = type(stmt)
+            if kind is Store or kind is StoreDynamic:
                 writes[stmt.tnode] = None
-            if isinstance(stmt, (Store, StoreDynamic)):
-                accesses.append(stmt.indices)
-            for idx in (i for a in accesses for i in a):
-                symbols.update((s, None) for s in index_symbols(idx) if isinstance(s, IndexSymbol))
+                index_uses(stmt.indices)
+            elif kind is Fill:
+                writes[stmt.tnode] = None
         return tuple(symbols), tuple(reads), tuple(writes)
 
 

@@ -45,7 +45,7 @@ from ocannl.lowlevel.indexing import (
 )
 from ocannl.lowlevel.ir import (
     Binary, Cast, Comment, Const, DeclareLocal, EmbedIndex, Expr, Fill, GetLocal, Load, LoadDynamic, Local,
-    RoutineIR, Seq, SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary, loop, seq,
+    RoutineIR, Seq, SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary, nest, seq,
 )
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop, neutral_element, operand_dtypes
 from ocannl.lowlevel.tnode import TNode
@@ -360,22 +360,17 @@ def _in_nest_reset_depth(
 def _wrap(loops: list[tuple[Symbol, int]], body: Stmt, reset: tuple[int, Stmt] | None = None) -> Stmt:
     """``body`` inside ``loops`` (outermost first); ``reset = (depth, stmt)`` puts ``stmt`` just
     before the loop at that depth."""
-    for depth in reversed(range(len(loops))):
-        symbol, extent = loops[depth]
-        body = loop(symbol, extent, body)
-        if reset is not None and reset[0] == depth:
-            body = seq(reset[1], body)
-    return body
+    if reset is None:
+        return nest(loops, body)
+    depth, stmt = reset
+    return nest(loops[:depth], seq(stmt, nest(loops[depth:], body)))
 
 
 def _loop_over(dims: tuple[int, ...], body: Callable[[tuple[AxisIndex, ...]], Stmt]) -> Stmt:
     """A loop per axis of ``dims`` (none for a size-1 axis, indexed 0) around ``body(indices)``."""
     symbols = [None if d == 1 else Symbol() for d in dims]
     stmt = body(tuple(Fixed(0) if s is None else Iter(s) for s in symbols))
-    for s, d in reversed(list(zip(symbols, dims))):
-        if s is not None:
-            stmt = loop(s, d, stmt)
-    return stmt
+    return nest([(s, d) for s, d in zip(symbols, dims) if s is not None], stmt)
 
 
 def _embed(index: AxisIndex, dtype: DType) -> Expr:

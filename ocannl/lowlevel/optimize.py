@@ -55,8 +55,9 @@ from __future__ import annotations
 import bisect
 import functools
 import math
+import operator
 from dataclasses import dataclass, field, fields, is_dataclass, replace
-from typing import Any, Collection, Iterable
+from typing import Any, Callable, Collection, Iterable
 
 import numpy as np
 
@@ -70,7 +71,7 @@ from ocannl.lowlevel.indexing import Affine, AnySymbol, AxisIndex, Fixed, IndexS
 from ocannl.lowlevel.ir import (
     Binary, Cast, Comment, Const, DeclareLocal, EmbedIndex, Expr, Fill, For, GetLocal, Load, LoadDynamic, Local,
     LocalScope, RoutineIR, Seq, SetLocal, Stmt, Store, StoreDynamic, Ternary, Unary, iter_exprs, iter_stmts,
-    nesting, seq, stmt_exprs, top_level, unconditional_exprs,
+    nesting, scope_bodies, seq, stmt_exprs, top_level, unconditional_exprs,
 )
 from ocannl.lowlevel.op_semantics import fold_binary, fold_unary
 from ocannl.lowlevel.overwrite import fold_fills, forward_stores
@@ -198,15 +199,22 @@ def trace_statements(statements: Iterable[Stmt]) -> Trace:
 
 
 class _Tracer:
-    def __init__(self) -> None:
+    def __init__(self, node_traces: bool = True) -> None:
+        """``node_traces``: also sort each node's accesses into its :class:`NodeTrace`
+        (:attr:`nodes`); :class:`_Virtualization` assembles those from :attr:`events`."""
         self.nodes: dict[TNode, NodeTrace] = {}
         self.events: dict[TNode, list[tuple[bool, Access]]] = {}
         self.extents: dict[Symbol, int] = {}
+        self._node_traces = node_traces
 
     def _record(self, node: TNode, is_write: bool, access: Access) -> None:
-        t = self.nodes.setdefault(node, NodeTrace(node))
-        (t.writes if is_write else t.reads).append(access)
-        self.events.setdefault(node, []).append((is_write, access))
+        if self._node_traces:
+            t = self.nodes.setdefault(node, NodeTrace(node))
+            (t.writes if is_write else t.reads).append(access)
+        events = self.events.get(node)
+        if events is None:
+            events = self.events[node] = []
+        events.append((is_write, access))
 
     def stmt(self, s: Stmt, position: int, loops: tuple[Symbol, ...]) -> None:
         match s:
@@ -233,17 +241,20 @@ class _Tracer:
                 raise TypeError(f"the optimizer does not know the statement {s!r}")
 
     def expr(self, e: Expr, position: int, loops: tuple[Symbol, ...]) -> None:
-        match e:
-            case Load(tnode=node, indices=indices, oob_value=oob):
-                self._record(node, False, Access(position, indices, loops, padded=oob is not None))
-            case LoadDynamic(tnode=node, position=p, indices=indices):
-                self.expr(p, position, loops)
-                self._record(node, False, Access(position, indices, loops, dynamic=True))
-            case LocalScope(body=body):
-                self.stmt(body, position, loops)
-            case _:
-                for child in _child_exprs(e):
-                    self.expr(child, position, loops)
+        kind = type(e)  # by class, not ``match``: every sub-expression of a routine comes here
+        if kind is Load:
+            self._record(e.tnode, False, Access(position, e.indices, loops, padded=e.oob_value is not None))
+        elif kind is Binary:
+            self.expr(e.a, position, loops)
+            self.expr(e.b, position, loops)
+        elif kind is LoadDynamic:
+            self.expr(e.position, position, loops)
+            self._record(e.tnode, False, Access(position, e.indices, loops, dynamic=True))
+        elif kind is LocalScope:
+            self.stmt(e.body, position, loops)
+        else:
+            for child in _child_exprs(e):
+                self.expr(child, position, loops)
 
 
 def _covers(node: TNode, access: Access, extents: dict[Symbol, int]) -> bool:
@@ -399,7 +410,8 @@ class _Virtualization:
         self.statements: list[Stmt | None] = list(statements)
         self.extents: dict[Symbol, int] = {}
         self._events: list[dict[TNode, list[tuple[bool, Access]]]] = [{} for _ in self.statements]
-        self._nesting: list[int] = [0] * len(self.statements)
+        self._nesting: list[int | None] = [None] * len(self.statements)
+        """Each statement's :func:`~ocannl.lowlevel.ir.nesting`, once asked (few nodes get that far)."""
         self._accessed_at: dict[TNode, set[int]] = {}
         """Node -> the positions of the statements that read or write it."""
         for position in range(len(self.statements)):
@@ -415,11 +427,11 @@ class _Virtualization:
         stmt = self.statements[position]
         if stmt is None:
             return
-        tracer = _Tracer()
+        tracer = _Tracer(node_traces=False)
         tracer.extents = self.extents
         tracer.stmt(stmt, position, ())
         self._events[position] = tracer.events
-        self._nesting[position] = nesting(stmt)
+        self._nesting[position] = None
         for node in tracer.events:
             self._accessed_at.setdefault(node, set()).add(position)
 
@@ -457,7 +469,10 @@ class _Virtualization:
         return False
 
     def nesting(self, position: int) -> int:
-        return self._nesting[position]
+        known = self._nesting[position]
+        if known is None:
+            known = self._nesting[position] = nesting(self.statements[position])
+        return known
 
     def read_at(self, position: int) -> set[TNode]:
         """The nodes the statement at ``position`` reads (its
@@ -557,9 +572,13 @@ def _cheap(node: TNode, producers: list[Stmt]) -> bool:
     ``0.5 * g[i]``: one operation per read instead of a buffer). A gradient that only passes
     on another's values (docs/compiler.md, "Overwrites") is such a copy."""
     for stmt in producers:
+        bare: set[AnySymbol] | None = None
         for s in iter_stmts(stmt):
-            if isinstance(s, For) and s.symbol not in _bare_loop_symbols(stmt, node):
-                return False
+            if isinstance(s, For):
+                if bare is None:
+                    bare = _bare_loop_symbols(stmt, node)
+                if s.symbol not in bare:
+                    return False
             if isinstance(s, Store):
                 value = s.value
                 if _one_load_chain(value):
@@ -685,6 +704,12 @@ class _Simplifier(Rewriter):
         return s
 
     def expr(self, e: Expr) -> Expr:
+        kind = type(e)
+        if kind is Load:  # no rule rewrites a load, a constant or a local's value
+            indices = self.indices(e.indices)
+            return e if indices is e.indices else Load(e.tnode, indices, e.oob_value)
+        if kind is Const or kind is GetLocal:
+            return e
         return self.rule(self.rebuild_expr(e))
 
     def rule(self, e: Expr) -> Expr:
@@ -848,7 +873,11 @@ class _CSE(Rewriter):
         bodies), then the repeated expressions of this one hoisted, largest first."""
         done: list[Stmt] = []
         for s in stmts:
-            done.extend(top_level(self.stmt(s) if isinstance(s, For) else self.rebuild_stmt(s)))
+            if isinstance(s, For):
+                s = self.stmt(s)
+            elif scope_bodies(s):  # the sequences in its local scopes
+                s = self.rebuild_stmt(s)
+            done.extend(top_level(s))
         keys, sizes = _KeyCache(), {}
         while True:
             hoisted = self.hoist_one(done, keys, sizes)
@@ -953,48 +982,84 @@ class _Keyer:
         self.bound: dict[Any, int] = {}
 
     def key(self, x: Any) -> Any:
-        if self.bound or _field_names(type(x)) is None:
-            return self.structure(x)
+        kind, getter = _key_kind(type(x))
+        if self.bound or getter is None:
+            return self.structure(x, kind, getter)
         hit = self.cache.known.get(id(x))
         if hit is not None and hit[0] is x:
             return hit[1]
-        k = self.structure(x)
+        k = self.structure(x, kind, getter)
         self.cache.known[id(x)] = (x, k)
         return k
 
-    def structure(self, x: Any) -> Any:
+    def structure(self, x: Any, kind: int, getter: Callable[[Any], tuple] | None) -> Any:
         number = self.cache.number
-        match x:
+        if type(x) is Load:  # the commonest node, and its indices those of the most values
+            oob = None if x.oob_value is None else self.key(x.oob_value)
+            return number(("Load", x.tnode, tuple(map(self.index, x.indices)), oob))
+        if kind == _NODE:
+            return number((type(x).__name__, *map(self.key, getter(x))))
+        if kind == _AS_IS:
+            return x
+        if kind == _TUPLE:
+            return number(tuple(map(self.key, x)))
+        if kind == _BOUND_OR_FREE:
+            return ("bound", self.bound[x]) if x in self.bound else ("free", x)
+        if kind == _FLOAT:
+            return ("float", x.hex() if not math.isnan(x) else "nan")
+        match x:  # the binders: what they bind is numbered in order of binding
             case LocalScope(local=local, body=body):
                 self.bound.setdefault(local, len(self.bound))
                 return number(("LocalScope", self.key(local), self.key(body)))
-            case For(symbol=symbol, extent=extent, body=body, kind=kind):
+            case For(symbol=symbol, extent=extent, body=body, kind=loop_kind):
                 self.bound.setdefault(symbol, len(self.bound))
-                return number(("For", self.key(symbol), extent, kind, self.key(body)))
+                return number(("For", self.key(symbol), extent, loop_kind, self.key(body)))
             case DeclareLocal(local=local):
                 self.bound.setdefault(local, len(self.bound))
                 return number(("DeclareLocal", self.key(local)))
-            case Local() | Symbol():
-                return ("bound", self.bound[x]) if x in self.bound else ("free", x)
-            case float():
-                return ("float", x.hex() if not math.isnan(x) else "nan")
-            case tuple():
-                return number(tuple(self.key(y) for y in x))
-            case DType() | TNode() | IndexSymbol():
-                return x
-        names = _field_names(type(x))
-        if names is not None:
-            return number((type(x).__name__,) + tuple(self.key(getattr(x, name)) for name in names))
-        return x
+        raise AssertionError(f"not a binder: {x!r}")
+
+    def index(self, i: AxisIndex) -> Any:
+        """The key of an index: a loop index's as :meth:`structure` gives it, others by their fields."""
+        if type(i) is Iter:
+            symbol = i.symbol
+            return ("Iter", ("bound", self.bound[symbol]) if symbol in self.bound else ("free", symbol))
+        return self.key(i)
+
+
+_BINDER, _BOUND_OR_FREE, _FLOAT, _TUPLE, _AS_IS, _NODE = range(6)
+"""How :class:`_Keyer` keys a value of a class (:func:`_key_kind`): a node binding a local or a
+loop symbol, a local or loop symbol, a float (by its bits), a tuple (by its items), a value
+standing for itself (a node, a type, an index symbol, an operator, a number), another IR node
+(by its class and its fields' keys)."""
 
 
 @functools.cache
-def _field_names(cls: type) -> tuple[str, ...] | None:
-    """The names of the fields of instances of ``cls``, ``None`` when they are no dataclass
-    instances (``cls`` itself is ``type`` for a class): :func:`dataclasses.fields` builds them
-    anew at every call, :func:`dataclasses.is_dataclass` looks the class up at every call, and
-    CSE keys every sub-expression of a routine."""
-    return tuple(f.name for f in fields(cls)) if is_dataclass(cls) else None
+def _key_kind(cls: type) -> tuple[int, Callable[[Any], tuple] | None]:
+    """How :class:`_Keyer` keys the instances of ``cls``, and for dataclasses the getter of
+    their fields (also what :meth:`_Keyer.key` remembers by identity). Decided once per class:
+    CSE keys every sub-expression of a routine, and a ``match`` tries each case in turn."""
+    names = tuple(f.name for f in fields(cls)) if is_dataclass(cls) else None
+    getter = None if names is None else _tuple_getter(names)
+    if issubclass(cls, (LocalScope, For, DeclareLocal)):
+        return _BINDER, getter
+    if issubclass(cls, (Local, Symbol)):
+        return _BOUND_OR_FREE, getter
+    if issubclass(cls, float):
+        return _FLOAT, getter
+    if issubclass(cls, tuple):
+        return _TUPLE, getter
+    if issubclass(cls, (DType, TNode, IndexSymbol)) or getter is None:
+        return _AS_IS, getter
+    return _NODE, getter
+
+
+def _tuple_getter(names: tuple[str, ...]) -> Callable[[Any], tuple]:
+    """A function giving the values of the attributes ``names`` as a tuple (of one or none too)."""
+    if len(names) < 2:
+        get = operator.attrgetter(*names) if names else None
+        return (lambda x: (get(x),)) if names else (lambda x: ())
+    return operator.attrgetter(*names)
 
 
 class _ReplaceByKey(Rewriter):

@@ -61,11 +61,13 @@ import bisect
 from dataclasses import replace
 
 from ocannl.lowlevel import dtypes
-from ocannl.lowlevel.analysis import accesses, all_exprs, all_stmts, loop_chain, nodes_written, substitute_index
+from ocannl.lowlevel.analysis import (
+    accesses, all_exprs, all_stmts, loop_chain, nodes_accessed, nodes_written, substitute_index,
+)
 from ocannl.lowlevel.indexing import Affine, AxisIndex, Fixed, Iter, Symbol
 from ocannl.lowlevel.ir import (
     Binary, Expr, Fill, For, GetLocal, Load, LoadDynamic, Local, LocalScope, RoutineIR, Seq, SetLocal, Stmt,
-    Store, StoreDynamic, iter_stmts, loop, seq, top_level, unconditional_exprs,
+    Store, StoreDynamic, iter_stmts, nest, seq, top_level, unconditional_exprs,
 )
 from ocannl.lowlevel.rewrite import Rewriter
 from ocannl.lowlevel.schedule import update_of
@@ -104,7 +106,7 @@ def _fold_fills(statements: list[Stmt]) -> list[Stmt]:
     collected once, so the pass takes time linear in the routine."""
     accessed_at: dict[TNode, list[int]] = {}
     for position, s in enumerate(statements):
-        for node in {a.node for a in accesses(s, fills=True)}:
+        for node in nodes_accessed(s):
             accessed_at.setdefault(node, []).append(position)
     out: list[Stmt | None] = list(statements)
     for position, s in enumerate(statements):
@@ -212,9 +214,7 @@ def _axis_loops(idx: AxisIndex, dim: int, extents: dict[Symbol, int]) -> list[Sy
 
 def _rebuild(loops: list[For], body: Stmt) -> Stmt:
     """``body`` inside ``loops`` (outermost first), each loop's kind decided anew."""
-    for f in reversed(loops):
-        body = loop(f.symbol, f.extent, body)
-    return body
+    return nest([(f.symbol, f.extent) for f in loops], body)
 
 
 class _Substitute(Rewriter):

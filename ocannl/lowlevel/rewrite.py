@@ -26,9 +26,10 @@ from ocannl.lowlevel.ir import (
 
 def rebuilt(obj: Any, **changes: Any) -> Any:
     """``obj`` with fields changed, or ``obj`` itself when every new value is the old one."""
-    if all(getattr(obj, k) is v for k, v in changes.items()):
-        return obj
-    return replace(obj, **changes)
+    for name, value in changes.items():
+        if getattr(obj, name) is not value:
+            return replace(obj, **changes)
+    return obj
 
 
 class Rewriter:
@@ -47,48 +48,76 @@ class Rewriter:
         return i
 
     def indices(self, idx: tuple[AxisIndex, ...]) -> tuple[AxisIndex, ...]:
-        new = tuple(self.index(i) for i in idx)
-        return idx if all(a is b for a, b in zip(new, idx)) else new
+        new = tuple(map(self.index, idx))
+        for a, b in zip(new, idx):
+            if a is not b:
+                return new
+        return idx
+
+    # The rebuilders dispatch on the class and call the constructors themselves: every pass
+    # rebuilds every node of a routine, and a ``match`` tries its cases in turn, as
+    # ``dataclasses.replace`` looks the fields up, on each node.
 
     def rebuild_stmt(self, s: Stmt) -> Stmt:
         """``s`` with its children rewritten; a sequence that changes is flattened (:func:`seq`)."""
-        match s:
-            case For(body=body):
-                return rebuilt(s, body=self.stmt(body))
-            case Seq(stmts=stmts):
-                parts = [self.stmt(x) for x in stmts]
-                if all(a is b for a, b in zip(parts, stmts)):
-                    return s
-                return seq(*parts)
-            case Store(indices=indices, value=value):
-                return rebuilt(s, indices=self.indices(indices), value=self.expr(value))
-            case StoreDynamic(position=p, indices=indices, value=value):
-                return rebuilt(s, position=self.expr(p), indices=self.indices(indices), value=self.expr(value))
-            case Fill() | Comment() | DeclareLocal():
+        kind = type(s)
+        if kind is Store:
+            indices, value = self.indices(s.indices), self.expr(s.value)
+            if indices is s.indices and value is s.value:
                 return s
-            case SetLocal(value=value):
-                return rebuilt(s, value=self.expr(value))
+            return Store(s.tnode, indices, value, s.skip_oob)
+        if kind is For:
+            body = self.stmt(s.body)
+            return s if body is s.body else For(s.symbol, s.extent, body, s.kind)
+        if kind is Seq:
+            parts = [self.stmt(x) for x in s.stmts]
+            for a, b in zip(parts, s.stmts):
+                if a is not b:
+                    return seq(*parts)
+            return s
+        if kind is SetLocal:
+            value = self.expr(s.value)
+            return s if value is s.value else SetLocal(s.local, value)
+        if kind is StoreDynamic:
+            position, indices, value = self.expr(s.position), self.indices(s.indices), self.expr(s.value)
+            if position is s.position and indices is s.indices and value is s.value:
+                return s
+            return StoreDynamic(s.tnode, s.axis, position, indices, value)
+        if kind is Fill or kind is Comment or kind is DeclareLocal:
+            return s
         raise TypeError(f"not a loop IR statement: {s!r}")
 
     def rebuild_expr(self, e: Expr) -> Expr:
         """``e`` with its children rewritten (a local scope's body included)."""
-        match e:
-            case Const() | GetLocal():
+        kind = type(e)
+        if kind is Binary:
+            a, b = self.expr(e.a), self.expr(e.b)
+            return e if a is e.a and b is e.b else Binary(e.op, a, b)
+        if kind is Load:
+            indices = self.indices(e.indices)
+            return e if indices is e.indices else Load(e.tnode, indices, e.oob_value)
+        if kind is Const or kind is GetLocal:
+            return e
+        if kind is Unary:
+            x = self.expr(e.x)
+            return e if x is e.x else Unary(e.op, x, e.to)
+        if kind is Cast:
+            x = self.expr(e.x)
+            return e if x is e.x else Cast(x, e.dtype)
+        if kind is Ternary:
+            a, b, c = self.expr(e.a), self.expr(e.b), self.expr(e.c)
+            return e if a is e.a and b is e.b and c is e.c else Ternary(e.op, a, b, c)
+        if kind is LoadDynamic:
+            position, indices = self.expr(e.position), self.indices(e.indices)
+            if position is e.position and indices is e.indices:
                 return e
-            case Load(indices=indices):
-                return rebuilt(e, indices=self.indices(indices))
-            case LoadDynamic(position=p, indices=indices):
-                return rebuilt(e, position=self.expr(p), indices=self.indices(indices))
-            case Unary(x=x) | Cast(x=x):
-                return rebuilt(e, x=self.expr(x))
-            case Binary(a=a, b=b):
-                return rebuilt(e, a=self.expr(a), b=self.expr(b))
-            case Ternary(a=a, b=b, c=c):
-                return rebuilt(e, a=self.expr(a), b=self.expr(b), c=self.expr(c))
-            case EmbedIndex(index=index):
-                return rebuilt(e, index=self.index(index))
-            case LocalScope(body=body):
-                return rebuilt(e, body=self.stmt(body))
+            return LoadDynamic(e.tnode, e.axis, position, indices)
+        if kind is EmbedIndex:
+            index = self.index(e.index)
+            return e if index is e.index else EmbedIndex(index, e.dtype)
+        if kind is LocalScope:
+            body = self.stmt(e.body)
+            return e if body is e.body else LocalScope(e.local, body)
         raise TypeError(f"not a loop IR expression: {e!r}")
 
 

@@ -484,14 +484,14 @@ def test_cse_keys_read_the_fields_of_each_class_once(monkeypatch):
 
     asked = []
     monkeypatch.setattr(opt, "fields", lambda cls: asked.append(cls) or dataclasses.fields(cls))
-    opt._field_names.cache_clear()
+    opt._key_kind.cache_clear()
     a, b, y = TNode("a", (3,)), TNode("b", (3,)), TNode("y", (3,))
     i = Symbol()
     product = lambda: Binary(Binop.MUL, Load(a, (Iter(i),)), Unary(Unop.EXP, Load(b, (Iter(i),))))  # noqa: E731
     routine = RoutineIR("cse", loop(i, 3, Store(y, (Iter(i),), Binary(Binop.ADD, product(), product()))))
     assert count_ops(opt.eliminate_common_subexpressions(routine), Binop.MUL) == 1
     assert len(asked) == len(set(asked))
-    opt._field_names.cache_clear()
+    opt._key_kind.cache_clear()
 
 
 def test_fma_only_under_the_fast_setting(monkeypatch):
