@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from typing import Callable, Hashable, Sequence
 
 from ocannl.lowlevel.dtypes import DType
-from ocannl.lowlevel.indexing import IndexSymbol, Symbol
-from ocannl.lowlevel.ir import Local, Stmt
+from ocannl.lowlevel.indexing import IndexSymbol, Iter, Symbol
+from ocannl.lowlevel.ir import Binary, For, Local, LoopKind, Stmt
+from ocannl.lowlevel.scalar_ops import Binop
 from ocannl.lowlevel.tnode import TNode
 
 
@@ -60,8 +61,19 @@ def structure(stmt: Stmt, node_facts: Callable[[TNode], Hashable] = lambda node:
     symbols: dict[Symbol, int] = {}
     locals_: dict[Local, int] = {}
 
+    def symbol(x: Symbol) -> Hashable:
+        return ("symbol", symbols.setdefault(x, len(symbols)))
+
     def walk(x: object) -> Hashable:
         cls = type(x)
+        # The commonest nodes first, their fields walked here, each as the general case below
+        # would: a walk visits every field of a deep network's statements.
+        if cls is Iter and type(x.symbol) is Symbol:
+            return ("Iter", symbol(x.symbol))
+        if cls is Binary:
+            return ("Binary", (_BINOP, x.op), walk(x.a), walk(x.b))
+        if cls is For and type(x.symbol) is Symbol and type(x.extent) is int:
+            return ("For", symbol(x.symbol), ("int", x.extent), walk(x.body), (_LOOP_KIND, x.kind))
         kind = _KINDS.get(cls) or _kind(cls)
         if kind == "dataclass":
             return (cls.__name__, *map(walk, _FIELDS[cls](x)))
@@ -118,6 +130,8 @@ def fingerprint(key: Hashable) -> int:
     by identity count as one value here, so two keys differing only there share a fingerprint."""
     return zlib.crc32(_OBJECT_ID.sub("?", repr(key)).encode())
 
+
+_BINOP, _LOOP_KIND = Binop.__name__, LoopKind.__name__
 
 _KINDS: dict[type, str] = {}
 """What :func:`structure`'s walk does with a value of each type (:func:`_kind`), by its exact
