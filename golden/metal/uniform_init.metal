@@ -4,17 +4,33 @@ using namespace metal;
 
 inline uint ocannl_rotl32(uint x, uint r) { return (x << r) | (x >> (32u - r)); }
 inline uint4 ocannl_threefry4x32(uint4 key, uint4 counter) {
-  const uint rot[8][2] = {{10u, 26u}, {11u, 21u}, {13u, 27u}, {23u, 5u}, {6u, 20u}, {17u, 11u}, {25u, 10u}, {18u, 20u}};
   const uint ks[5] = {key.x, key.y, key.z, key.w, key.x ^ key.y ^ key.z ^ key.w ^ 0x1BD11BDAu};
   uint x0 = counter.x + ks[0], x1 = counter.y + ks[1], x2 = counter.z + ks[2], x3 = counter.w + ks[3];
-  for (uint s = 1u; s <= 5u; ++s) {  /* four rounds, then key injection s */
-    for (uint j = 0u; j < 4u; ++j) {
-      const uint r0 = rot[(4u * (s - 1u) + j) % 8u][0], r1 = rot[(4u * (s - 1u) + j) % 8u][1];
-      if (j % 2u == 0u) { x0 += x1; x1 = ocannl_rotl32(x1, r0) ^ x0; x2 += x3; x3 = ocannl_rotl32(x3, r1) ^ x2; }
-      else { x0 += x3; x3 = ocannl_rotl32(x3, r0) ^ x0; x2 += x1; x1 = ocannl_rotl32(x1, r1) ^ x2; }
-    }
-    x0 += ks[s % 5u]; x1 += ks[(s + 1u) % 5u]; x2 += ks[(s + 2u) % 5u]; x3 += ks[(s + 3u) % 5u] + s;
-  }
+  x0 += x1; x1 = ocannl_rotl32(x1, 10u) ^ x0; x2 += x3; x3 = ocannl_rotl32(x3, 26u) ^ x2;
+  x0 += x3; x3 = ocannl_rotl32(x3, 11u) ^ x0; x2 += x1; x1 = ocannl_rotl32(x1, 21u) ^ x2;
+  x0 += x1; x1 = ocannl_rotl32(x1, 13u) ^ x0; x2 += x3; x3 = ocannl_rotl32(x3, 27u) ^ x2;
+  x0 += x3; x3 = ocannl_rotl32(x3, 23u) ^ x0; x2 += x1; x1 = ocannl_rotl32(x1, 5u) ^ x2;
+  x0 += ks[1]; x1 += ks[2]; x2 += ks[3]; x3 += ks[4] + 1u;  /* key injection 1 */
+  x0 += x1; x1 = ocannl_rotl32(x1, 6u) ^ x0; x2 += x3; x3 = ocannl_rotl32(x3, 20u) ^ x2;
+  x0 += x3; x3 = ocannl_rotl32(x3, 17u) ^ x0; x2 += x1; x1 = ocannl_rotl32(x1, 11u) ^ x2;
+  x0 += x1; x1 = ocannl_rotl32(x1, 25u) ^ x0; x2 += x3; x3 = ocannl_rotl32(x3, 10u) ^ x2;
+  x0 += x3; x3 = ocannl_rotl32(x3, 18u) ^ x0; x2 += x1; x1 = ocannl_rotl32(x1, 20u) ^ x2;
+  x0 += ks[2]; x1 += ks[3]; x2 += ks[4]; x3 += ks[0] + 2u;  /* key injection 2 */
+  x0 += x1; x1 = ocannl_rotl32(x1, 10u) ^ x0; x2 += x3; x3 = ocannl_rotl32(x3, 26u) ^ x2;
+  x0 += x3; x3 = ocannl_rotl32(x3, 11u) ^ x0; x2 += x1; x1 = ocannl_rotl32(x1, 21u) ^ x2;
+  x0 += x1; x1 = ocannl_rotl32(x1, 13u) ^ x0; x2 += x3; x3 = ocannl_rotl32(x3, 27u) ^ x2;
+  x0 += x3; x3 = ocannl_rotl32(x3, 23u) ^ x0; x2 += x1; x1 = ocannl_rotl32(x1, 5u) ^ x2;
+  x0 += ks[3]; x1 += ks[4]; x2 += ks[0]; x3 += ks[1] + 3u;  /* key injection 3 */
+  x0 += x1; x1 = ocannl_rotl32(x1, 6u) ^ x0; x2 += x3; x3 = ocannl_rotl32(x3, 20u) ^ x2;
+  x0 += x3; x3 = ocannl_rotl32(x3, 17u) ^ x0; x2 += x1; x1 = ocannl_rotl32(x1, 11u) ^ x2;
+  x0 += x1; x1 = ocannl_rotl32(x1, 25u) ^ x0; x2 += x3; x3 = ocannl_rotl32(x3, 10u) ^ x2;
+  x0 += x3; x3 = ocannl_rotl32(x3, 18u) ^ x0; x2 += x1; x1 = ocannl_rotl32(x1, 20u) ^ x2;
+  x0 += ks[4]; x1 += ks[0]; x2 += ks[1]; x3 += ks[2] + 4u;  /* key injection 4 */
+  x0 += x1; x1 = ocannl_rotl32(x1, 10u) ^ x0; x2 += x3; x3 = ocannl_rotl32(x3, 26u) ^ x2;
+  x0 += x3; x3 = ocannl_rotl32(x3, 11u) ^ x0; x2 += x1; x1 = ocannl_rotl32(x1, 21u) ^ x2;
+  x0 += x1; x1 = ocannl_rotl32(x1, 13u) ^ x0; x2 += x3; x3 = ocannl_rotl32(x3, 27u) ^ x2;
+  x0 += x3; x3 = ocannl_rotl32(x3, 23u) ^ x0; x2 += x1; x1 = ocannl_rotl32(x1, 5u) ^ x2;
+  x0 += ks[0]; x1 += ks[1]; x2 += ks[2]; x3 += ks[3] + 5u;  /* key injection 5 */
   return uint4(x0, x1, x2, x3);
 }
 inline uint4 ocannl_uint4x32_of(ulong x) { return uint4(uint(x), uint(x >> 32), 0u, 0u); }
