@@ -26,7 +26,7 @@ import numbers
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -172,15 +172,21 @@ class Context:
         computations = [_computation(item, k) for k, item in enumerate(items)]
         name = "_then_".join(sanitize_identifier(c.name) or "routine" for c in computations)
         with self._lock, collector.paused():
-            self._initialize(name, computations)
-            body = computations[0].body if len(computations) == 1 else Block(tuple(c.body for c in computations))
-            routine = self._routine(name, body)
+            initialize = self._initialize(name, computations)
+            try:
+                body = computations[0].body if len(computations) == 1 else Block(tuple(c.body for c in computations))
+                routine = self._routine(name, body)
+            finally:  # the nodes get their values even when the routine fails to build, as they did first
+                initialize()
             self.stats.compilations += 1
         return routine
 
-    def _initialize(self, name: str, computations: list[Computation]) -> None:
-        """Give the nodes of ``inits`` without a value theirs: host data first, then one init
-        routine running the initialization code in order."""
+    def _initialize(self, name: str, computations: list[Computation]) -> Callable[[], None]:
+        """Give the nodes of ``inits`` without a value theirs: host data now, and one init
+        routine running the initialization code in order, built now and run by the function
+        returned. A backend that builds in the background (``compile_in_background``, C) then
+        compiles the init routine while :meth:`compile` prepares the routine it was asked for:
+        a routine's C compiler and the Python preparing the next one each take a core."""
         pending: dict[TNode, Init] = {}
         for c in computations:
             for node, init in c.inits:
@@ -192,10 +198,14 @@ class Context:
                 code.append(init)
             else:
                 self.set(node, init)
-        if code:
-            self._routine(f"{name}_init", Block(tuple(code))).run()
+        if not code:
+            return lambda: None
+        routine = self._routine(f"{name}_init", Block(tuple(code)), background=True)
+        return lambda: routine().run()
 
-    def _routine(self, name: str, body: Assignment) -> Routine:
+    def _routine(self, name: str, body: Assignment, background: bool = False) -> Routine | Callable[[], Routine]:
+        """``body`` compiled as the routine ``name``; with ``background``, a function giving it,
+        its executable built meanwhile where the backend can (:meth:`_initialize`)."""
         unoptimized = lower_routine(name, body)
         names = [s.name for s in unoptimized.static_symbols]
         if len(set(names)) != len(names):
@@ -212,16 +222,27 @@ class Context:
         if self.debug_dir is not None:
             self._write_debug(name, {".cd": format_cd(name, body), "-unoptimized.ll": format_routine(unoptimized),
                                      ".ll": format_routine(optimized)})
-        if config.flag("profile") and getattr(self.backend, "profiles", False):
+        profile = config.flag("profile") and getattr(self.backend, "profiles", False)
+        if background and not profile and hasattr(self.backend, "compile_in_background"):
+            finish = self.backend.compile_in_background(optimized)
+        elif profile:
             executable = self.backend.compile(optimized, profile=True)
             report_at_exit(optimized, self.backend_name, executable)
+            finish = lambda: executable  # noqa: E731
         else:
             executable = self.backend.compile(optimized)
-        if self.debug_dir is not None:  # generated sources, e.g. {".c": text}
-            self._write_debug(name, getattr(executable, "debug_files", {}))
-        routine = Routine(self, optimized, executable)
-        routine._inputs, routine._inlined = inputs, inlined_nodes(unoptimized, optimized)
-        return routine
+            finish = lambda: executable  # noqa: E731
+        inlined = inlined_nodes(unoptimized, optimized)
+
+        def finished() -> Routine:
+            executable = finish()
+            if self.debug_dir is not None:  # generated sources, e.g. {".c": text}
+                self._write_debug(name, getattr(executable, "debug_files", {}))
+            routine = Routine(self, optimized, executable)
+            routine._inputs, routine._inlined = inputs, inlined
+            return routine
+
+        return finished if background else finished()
 
     def _write_debug(self, name: str, files: Mapping[str, str]) -> None:
         """``<debug_dir>/<name><suffix>`` for each of ``files``; a directory that cannot be made or

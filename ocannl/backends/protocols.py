@@ -88,7 +88,10 @@ class Backend(Protocol):
     ``tl.sum``: its loop IR is not rewritten to the blocked summation order of
     ``ocannl/lowlevel/summation.py``), and
     ``emulated`` (true when it runs through an emulator, such as the Triton interpreter:
-    :meth:`~ocannl.backends.context.Context.auto` never picks it)."""
+    :meth:`~ocannl.backends.context.Context.auto` never picks it), and
+    ``compile_in_background(routine)`` (the C backend's): the work of :meth:`compile` that needs
+    this thread done now, and a function finishing it, which waits for what runs meanwhile in
+    another process (a C compiler), so that the caller can prepare its next routine."""
 
     name: str
 

@@ -5,6 +5,7 @@ deep MLP's training routine compiles and computes the interpreter's bits."""
 from __future__ import annotations
 
 import platform
+import threading
 import re
 
 import numpy as np
@@ -18,7 +19,7 @@ from ocannl.backends.c.emit import emit_c
 from ocannl.backends.codegen import PART_STATEMENTS
 from ocannl.lowlevel.cpu_schedule import PART_STATEMENTS_MAX
 from ocannl.backends.interp import InterpBackend
-from ocannl.errors import OcannlError
+from ocannl.errors import CompileError, OcannlError
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.indexing import Iter, Symbol
 from ocannl.lowlevel.ir import (
@@ -304,3 +305,58 @@ def test_a_25_layer_mlp_training_routine_compiles_and_matches_the_interpreter():
     assert len(expected) > 25 * 4
     mismatch = testing.first_mismatch(program.name, expected, got, exact=True)
     assert mismatch is None, str(mismatch)
+
+
+def _model_with_init():
+    """A parameter initialized by random code (an init routine) and a computation reading it."""
+    session.reset()
+    oc.seed(0)
+    w = oc.param("w", output=3, input=4)
+    x = oc.tensor(np.ones((4,), np.float32))
+    return w, w @ x
+
+
+@needs_cc
+def test_the_init_routine_is_compiled_while_the_routine_is_prepared(monkeypatch, tmp_path):
+    """``Context.compile`` prints the init routine's C and leaves its compiler to a thread of its
+    own while it prepares the routine it was asked for; the values are the ones an init routine
+    built first gives (the interpreter's)."""
+    monkeypatch.setenv("OCANNL_CACHE_DIR", str(tmp_path))
+    builders = []
+    compile_shared = compiler.compile_shared
+
+    def recording(source, tc):
+        builders.append(threading.current_thread().name)
+        return compile_shared(source, tc)
+
+    monkeypatch.setattr("ocannl.backends.c.backend.compile_shared", recording)
+    w, y = _model_with_init()
+    ctx = oc.Context("c")
+    ctx.compile(y).run()
+    assert builders[0].startswith("ocannl-cc") and builders[1] == threading.main_thread().name
+    got = ctx.get(w.value), ctx.get(y.value)
+    w, y = _model_with_init()
+    reference = oc.Context("interp")
+    reference.compile(y).run()
+    np.testing.assert_array_equal(got[0], reference.get(w.value))
+    np.testing.assert_array_equal(got[1], reference.get(y.value))
+
+
+@needs_cc
+def test_the_parameters_are_initialized_when_the_routine_fails_to_build(monkeypatch, tmp_path):
+    """The init routine runs even when the routine compiled after it fails to build, as when it
+    ran before the routine was prepared; the routine's error is the one raised."""
+    monkeypatch.setenv("OCANNL_CACHE_DIR", str(tmp_path))
+    compile_shared = compiler.compile_shared
+
+    def failing_after_init(source, tc):
+        if "_init" not in source.splitlines()[0]:
+            raise CompileError("the routine's build failed")
+        return compile_shared(source, tc)
+
+    monkeypatch.setattr("ocannl.backends.c.backend.compile_shared", failing_after_init)
+    w, y = _model_with_init()
+    ctx = oc.Context("c")
+    with pytest.raises(CompileError, match="the routine's build failed"):
+        ctx.compile(y)
+    assert ctx.has_value(w.value) and np.any(ctx.get(w.value) != 0)

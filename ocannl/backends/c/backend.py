@@ -12,6 +12,7 @@ child (use the ``spawn`` start method of multiprocessing), or set ``OCANNL_C_OPE
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import functools
 from typing import Callable, Mapping, Sequence
@@ -50,6 +51,16 @@ class CBackend:
         tc = toolchain()
         source = emit_c(routine, parallel=tc.openmp, vector_bytes=tc.vector_bytes, profile=profile)
         return CExecutable(routine, source, compile_shared(source.text, tc))
+
+    def compile_in_background(self, routine: RoutineIR) -> Callable[[], CExecutable]:
+        """Prints ``routine``'s C source now and compiles it on a thread of its own (the thread
+        only waits for the compiler's processes); the function returned waits for the library,
+        loads it, and gives the executable or raises the build's error. ``Context.compile``
+        builds an init routine so while it prepares the routine it compiles for."""
+        tc = toolchain()
+        source = emit_c(routine, parallel=tc.openmp, vector_bytes=tc.vector_bytes)
+        library = _background().submit(compile_shared, source.text, tc)
+        return lambda: CExecutable(routine, source, library.result())
 
 
 class CExecutable:
@@ -175,6 +186,12 @@ class CExecutable:
             spans.append((address, address + array.nbytes, node))
         _check_disjoint(spans)
         return args
+
+
+@functools.cache
+def _background() -> concurrent.futures.ThreadPoolExecutor:
+    """The thread :meth:`CBackend.compile_in_background` builds on, made on first use."""
+    return concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ocannl-cc")
 
 
 def _thread_count_setter(shared: SharedLibrary) -> tuple[Callable[[], int], Callable[[int], None]] | None:
