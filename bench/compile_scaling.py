@@ -8,9 +8,11 @@ for N = 25, 50, 100, 200, 1000 by default, each in a fresh session.
 Per N it prints:
 
 * ``python``: the Python passes of ``Context.compile`` (lowering, tracing, virtualization,
-  simplification, CSE, emitting the source), that is the compile time less the C compiler's;
-* ``cc``: the time spent building kernels (the system C compiler; 0 on ``--backend interp``;
-  the compiler's own checks for the fresh cache run before timing starts);
+  simplification, CSE, emitting the source): this process's processor time over the call (the
+  init routine's compiler runs meanwhile, ``docs/compiler.md``, so the wall time less the
+  compiler's would count it twice);
+* ``cc``: the processor time of the system C compiler's processes building kernels (0 on
+  ``--backend interp``; the compiler's own checks for the fresh cache run before timing starts);
 * ``units`` and ``unit cc``: the translation units the longest source was compiled as, at the
   same time, one a core (``ocannl/backends/c/compiler.py``), and the seconds the slowest of them
   takes compiled alone afterwards (untimed above): the part of ``cc`` more cores would not cut;
@@ -37,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -56,12 +57,10 @@ from ocannl import train
 WIDTH = 16
 
 
-class _CcTimer:
-    """Accumulates the seconds spent in the C backend's kernel builds, and keeps the longest
-    source built."""
+class _LongestSource:
+    """Keeps the longest source the C backend builds while :meth:`installed`."""
 
     def __init__(self) -> None:
-        self.seconds = 0.0
         self.longest = ""
 
     @contextmanager
@@ -72,11 +71,7 @@ class _CcTimer:
 
         def timed(source, *args, **kwargs):
             self.longest = max(self.longest, source, key=len)
-            start = time.perf_counter()
-            try:
-                return original(source, *args, **kwargs)
-            finally:
-                self.seconds += time.perf_counter() - start
+            return original(source, *args, **kwargs)
 
         c_backend.compile_shared = timed
         try:
@@ -118,7 +113,7 @@ def slowest_unit(source: str) -> tuple[int, float]:
 def measure(n_layers: int, backend: str) -> dict[str, float]:
     """Seconds per phase for one N, in a fresh session with an empty kernel cache."""
     ocannl.session.reset()
-    timer = _CcTimer()
+    timer = _LongestSource()
     with empty_cache():
         start = time.perf_counter()
         update, sgd = build(n_layers)
@@ -129,13 +124,12 @@ def measure(n_layers: int, backend: str) -> dict[str, float]:
 
             toolchain()
         with timer.installed():
-            start = time.perf_counter()
+            start, python, cc = time.perf_counter(), time.process_time(), children_cpu()
             step = ctx.compile(update, sgd)
-            total = time.perf_counter() - start
+            total, python, cc = time.perf_counter() - start, time.process_time() - python, children_cpu() - cc
         step.run()
     units, unit_cc = slowest_unit(timer.longest) if backend == "c" else (0, 0.0)
-    return {"frontend": frontend, "python": total - timer.seconds, "cc": timer.seconds, "total": total,
-            "units": units, "unit cc": unit_cc}
+    return {"frontend": frontend, "python": python, "cc": cc, "total": total, "units": units, "unit cc": unit_cc}
 
 
 def gpt_build(blocks: int) -> dict[str, float]:
