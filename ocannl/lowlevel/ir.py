@@ -397,26 +397,8 @@ def iter_stmts(stmt: Stmt) -> Iterator[Stmt]:
 
 def scope_bodies(stmt: Stmt) -> list[Stmt]:
     """The bodies of the local scopes in the expressions of ``stmt`` (not of those nested in a
-    scope's body, nor of its nested statements), in the order of :func:`iter_exprs`.
-    :func:`iter_stmts` asks it of every statement, and most have no scope: a loop over the
-    operands, without a generator, costs a third of walking them with :func:`iter_exprs`."""
-    bodies: list[Stmt] = []
-    stack = list(stmt_exprs(stmt))
-    stack.reverse()
-    while stack:
-        x = stack.pop()
-        kind = type(x)
-        if kind is Binary:
-            stack += (x.b, x.a)
-        elif kind is Unary or kind is Cast:
-            stack.append(x.x)
-        elif kind is LocalScope:
-            bodies.append(x.body)
-        elif kind is Ternary:
-            stack += (x.c, x.b, x.a)
-        elif kind is LoadDynamic:
-            stack.append(x.position)
-    return bodies
+    scope's body, nor of its nested statements), in the order of :func:`iter_exprs`."""
+    return [x.body for e in stmt_exprs(stmt) for x in iter_exprs(e) if type(x) is LocalScope]
 
 
 def stmt_exprs(stmt: Stmt) -> tuple[Expr, ...]:
