@@ -55,8 +55,7 @@ from __future__ import annotations
 import bisect
 import functools
 import math
-import operator
-from dataclasses import dataclass, field, fields, is_dataclass, replace
+from dataclasses import dataclass, field, is_dataclass, replace
 from typing import Any, Callable, Collection, Iterable
 
 import numpy as np
@@ -77,6 +76,7 @@ from ocannl.lowlevel.op_semantics import fold_binary, fold_unary
 from ocannl.lowlevel.overwrite import fold_fills, forward_stores
 from ocannl.lowlevel.rewrite import FreshCopy, Rewriter, rebuilt
 from ocannl.lowlevel.scalar_ops import Binop, Ternop, Unop
+from ocannl.lowlevel.structure import field_values
 from ocannl.lowlevel.tnode import MemoryMode, TNode
 
 
@@ -1039,8 +1039,7 @@ def _key_kind(cls: type) -> tuple[int, Callable[[Any], tuple] | None]:
     """How :class:`_Keyer` keys the instances of ``cls``, and for dataclasses the getter of
     their fields (also what :meth:`_Keyer.key` remembers by identity). Decided once per class:
     CSE keys every sub-expression of a routine, and a ``match`` tries each case in turn."""
-    names = tuple(f.name for f in fields(cls)) if is_dataclass(cls) else None
-    getter = None if names is None else _tuple_getter(names)
+    getter = field_values(cls) if is_dataclass(cls) else None
     if issubclass(cls, (LocalScope, For, DeclareLocal)):
         return _BINDER, getter
     if issubclass(cls, (Local, Symbol)):
@@ -1052,14 +1051,6 @@ def _key_kind(cls: type) -> tuple[int, Callable[[Any], tuple] | None]:
     if issubclass(cls, (DType, TNode, IndexSymbol)) or getter is None:
         return _AS_IS, getter
     return _NODE, getter
-
-
-def _tuple_getter(names: tuple[str, ...]) -> Callable[[Any], tuple]:
-    """A function giving the values of the attributes ``names`` as a tuple (of one or none too)."""
-    if len(names) < 2:
-        get = operator.attrgetter(*names) if names else None
-        return (lambda x: (get(x),)) if names else (lambda x: ())
-    return operator.attrgetter(*names)
 
 
 class _ReplaceByKey(Rewriter):

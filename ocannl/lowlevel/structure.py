@@ -50,7 +50,7 @@ class Structure:
 
 
 _FIELDS: dict[type, Callable[[object], tuple]] = {}
-"""Each dataclass type's :func:`_field_values`, made by :func:`_kind`."""
+"""Each dataclass type's :func:`field_values`, made by :func:`_kind`."""
 _PLAIN = (int, str, bool, type(None), enum.Enum, DType, IndexSymbol)
 
 
@@ -158,14 +158,17 @@ def _kind(cls: type) -> str:
     else:
         kind = "object"
     if kind in ("dataclass", "local"):
-        _FIELDS[cls] = _field_values(tuple(f.name for f in dataclasses.fields(cls)))
+        _FIELDS[cls] = field_values(cls)
     _KINDS[cls] = kind
     return kind
 
 
-def _field_values(names: tuple[str, ...]) -> Callable[[object], tuple]:
-    """A function giving an object's fields ``names`` as a tuple, in one call
-    (:func:`operator.attrgetter`, which gives a lone field bare)."""
+def field_values(cls: type) -> Callable[[object], tuple]:
+    """A function giving the fields of an instance of the dataclass ``cls`` as a tuple, in one
+    call (:func:`operator.attrgetter`, which gives a lone field bare): the walks over every
+    node of a routine (here, CSE's keys) read them so, where :func:`dataclasses.fields` builds
+    the list anew at every call."""
+    names = tuple(f.name for f in dataclasses.fields(cls))
     if len(names) == 1:
         name = names[0]
         return lambda x: (getattr(x, name),)
