@@ -175,7 +175,7 @@ class Context:
             initialize = self._initialize(name, computations)
             try:
                 body = computations[0].body if len(computations) == 1 else Block(tuple(c.body for c in computations))
-                routine = self._routine(name, body)
+                routine = self._build(name, body)()
             finally:  # the nodes get their values even when the routine fails to build, as they did first
                 initialize()
             self.stats.compilations += 1
@@ -200,12 +200,13 @@ class Context:
                 self.set(node, init)
         if not code:
             return lambda: None
-        routine = self._routine(f"{name}_init", Block(tuple(code)), background=True)
-        return lambda: routine().run()
+        finish = self._build(f"{name}_init", Block(tuple(code)), background=True)
+        return lambda: finish().run()
 
-    def _routine(self, name: str, body: Assignment, background: bool = False) -> Routine | Callable[[], Routine]:
-        """``body`` compiled as the routine ``name``; with ``background``, a function giving it,
-        its executable built meanwhile where the backend can (:meth:`_initialize`)."""
+    def _build(self, name: str, body: Assignment, background: bool = False) -> Callable[[], Routine]:
+        """Lowers, optimizes and compiles ``body`` as the routine ``name``; the function returned
+        gives the routine. With ``background``, on a backend that can, its executable is built
+        meanwhile, and the function waits for it (:meth:`_initialize`)."""
         unoptimized = lower_routine(name, body)
         names = [s.name for s in unoptimized.static_symbols]
         if len(set(names)) != len(names):
@@ -224,25 +225,23 @@ class Context:
                                      ".ll": format_routine(optimized)})
         profile = config.flag("profile") and getattr(self.backend, "profiles", False)
         if background and not profile and hasattr(self.backend, "compile_in_background"):
-            finish = self.backend.compile_in_background(optimized)
-        elif profile:
-            executable = self.backend.compile(optimized, profile=True)
-            report_at_exit(optimized, self.backend_name, executable)
-            finish = lambda: executable  # noqa: E731
+            executable = self.backend.compile_in_background(optimized)
         else:
-            executable = self.backend.compile(optimized)
-            finish = lambda: executable  # noqa: E731
+            built = self.backend.compile(optimized, profile=True) if profile else self.backend.compile(optimized)
+            if profile:
+                report_at_exit(optimized, self.backend_name, built)
+            executable = lambda: built  # noqa: E731
         inlined = inlined_nodes(unoptimized, optimized)
 
-        def finished() -> Routine:
-            executable = finish()
+        def routine() -> Routine:
+            built = executable()
             if self.debug_dir is not None:  # generated sources, e.g. {".c": text}
-                self._write_debug(name, getattr(executable, "debug_files", {}))
-            routine = Routine(self, optimized, executable)
-            routine._inputs, routine._inlined = inputs, inlined
-            return routine
+                self._write_debug(name, getattr(built, "debug_files", {}))
+            made = Routine(self, optimized, built)
+            made._inputs, made._inlined = inputs, inlined
+            return made
 
-        return finished if background else finished()
+        return routine
 
     def _write_debug(self, name: str, files: Mapping[str, str]) -> None:
         """``<debug_dir>/<name><suffix>`` for each of ``files``; a directory that cannot be made or
