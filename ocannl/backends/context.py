@@ -184,9 +184,10 @@ class Context:
     def _initialize(self, name: str, computations: list[Computation]) -> Callable[[], None]:
         """Give the nodes of ``inits`` without a value theirs: host data now, and one init
         routine running the initialization code in order, built now and run by the function
-        returned. A backend that builds in the background (``compile_in_background``, C) then
-        compiles the init routine while :meth:`compile` prepares the routine it was asked for:
-        a routine's C compiler and the Python preparing the next one each take a core."""
+        returned. A backend told that a routine is an init routine (``compile_init``, C) may build
+        it for a short build over a fast run, and in the background while :meth:`compile`
+        prepares the routine it was asked for: a routine's C compiler and the Python preparing the
+        next one each take a core."""
         pending: dict[TNode, Init] = {}
         for c in computations:
             for node, init in c.inits:
@@ -200,13 +201,13 @@ class Context:
                 self.set(node, init)
         if not code:
             return lambda: None
-        finish = self._build(f"{name}_init", Block(tuple(code)), background=True)
+        finish = self._build(f"{name}_init", Block(tuple(code)), init=True)
         return lambda: finish().run()
 
-    def _build(self, name: str, body: Assignment, background: bool = False) -> Callable[[], Routine]:
+    def _build(self, name: str, body: Assignment, init: bool = False) -> Callable[[], Routine]:
         """Lowers, optimizes and compiles ``body`` as the routine ``name``; the function returned
-        gives the routine. With ``background``, on a backend that can, its executable is built
-        meanwhile, and the function waits for it (:meth:`_initialize`)."""
+        gives the routine. ``init``: it is an init routine, which a backend with ``compile_init``
+        builds its own way, possibly still building when this returns (:meth:`_initialize`)."""
         unoptimized = lower_routine(name, body)
         names = [s.name for s in unoptimized.static_symbols]
         if len(set(names)) != len(names):
@@ -224,8 +225,8 @@ class Context:
             self._write_debug(name, {".cd": format_cd(name, body), "-unoptimized.ll": format_routine(unoptimized),
                                      ".ll": format_routine(optimized)})
         profile = config.flag("profile") and getattr(self.backend, "profiles", False)
-        if background and not profile and hasattr(self.backend, "compile_in_background"):
-            executable = self.backend.compile_in_background(optimized)
+        if init and not profile and hasattr(self.backend, "compile_init"):
+            executable = self.backend.compile_init(optimized)
         else:
             built = self.backend.compile(optimized, profile=True) if profile else self.backend.compile(optimized)
             if profile:

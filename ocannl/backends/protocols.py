@@ -89,9 +89,10 @@ class Backend(Protocol):
     ``ocannl/lowlevel/summation.py``), and
     ``emulated`` (true when it runs through an emulator, such as the Triton interpreter:
     :meth:`~ocannl.backends.context.Context.auto` never picks it), and
-    ``compile_in_background(routine)`` (the C backend's): the work of :meth:`compile` that needs
-    this thread done now, and a function finishing it, which waits for what runs meanwhile in
-    another process (a C compiler), so that the caller can prepare its next routine."""
+    ``compile_init(routine)`` (the C backend's): :meth:`compile` for an init routine, which runs
+    once per context, so that its build may cost less and its run more; the work that needs this
+    thread is done now, and the function returned finishes the rest, which may run meanwhile (a
+    C compiler's processes) while the caller prepares its next routine."""
 
     name: str
 

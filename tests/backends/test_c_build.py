@@ -319,23 +319,23 @@ def _model_with_init():
 @needs_cc
 def test_the_init_routine_is_compiled_while_the_routine_is_prepared(monkeypatch, tmp_path):
     """``Context.compile`` prints the init routine's C and leaves its compiler to a thread of its
-    own while it prepares the routine it was asked for; the values are the ones an init routine
-    built first gives (the interpreter's)."""
+    own, at ``-O1`` (it runs once), while it prepares the routine it was asked for; the values
+    are the ones an init routine built first gives (the interpreter's)."""
     monkeypatch.setenv("OCANNL_CACHE_DIR", str(tmp_path))
     builders = []
     compile_shared = compiler.compile_shared
 
     def recording(source, tc):
-        builders.append(("_init" in source.splitlines()[0], threading.current_thread().name))
+        builders.append(("_init" in source.splitlines()[0], (threading.current_thread().name, tc.flags[0])))
         return compile_shared(source, tc)
 
     monkeypatch.setattr("ocannl.backends.c.backend.compile_shared", recording)
     w, y = _model_with_init()
     ctx = oc.Context("c")
     ctx.compile(y).run()
-    threads = dict(builders)  # whether the source is the init routine's -> the thread that built it
-    assert len(builders) == 2 and threads[True].startswith("ocannl-cc"), builders
-    assert threads[False] == threading.main_thread().name, builders
+    built = dict(builders)  # whether the source is the init routine's -> the thread that built it, -O
+    assert len(builders) == 2 and built[True][0].startswith("ocannl-cc") and built[True][1] == "-O1", builders
+    assert built[False] == (threading.main_thread().name, "-O2"), builders
     got = ctx.get(w.value), ctx.get(y.value)
     w, y = _model_with_init()
     reference = oc.Context("interp")

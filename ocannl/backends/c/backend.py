@@ -20,7 +20,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from ocannl.backends.bindings import at_step
-from ocannl.backends.c.compiler import compile_shared, openmp_wait_settings, toolchain
+from ocannl.backends.c.compiler import compile_shared, openmp_wait_settings, run_once, toolchain
 from ocannl.backends.c.emit import CSource, emit_c
 from ocannl.backends.c.threads import adapts, free_cores
 from ocannl.backends.native import buffer_address, raise_for_status
@@ -52,14 +52,15 @@ class CBackend:
         source = emit_c(routine, parallel=tc.openmp, vector_bytes=tc.vector_bytes, profile=profile)
         return CExecutable(routine, source, compile_shared(source.text, tc))
 
-    def compile_in_background(self, routine: RoutineIR) -> Callable[[], CExecutable]:
-        """Prints ``routine``'s C source now and compiles it on a thread of its own (the thread
-        only waits for the compiler's processes); the function returned waits for the library,
-        loads it, and gives the executable or raises the build's error. ``Context.compile``
-        builds an init routine so while it prepares the routine it compiles for."""
+    def compile_init(self, routine: RoutineIR) -> Callable[[], CExecutable]:
+        """An init routine (it runs once per context): its C source printed now, and compiled on
+        a thread of its own (the thread only waits for the compiler's processes) at the
+        optimization level of a routine run once (``compiler.run_once``); the function returned
+        waits for the library, loads it, and gives the executable or raises the build's error.
+        ``Context.compile`` prepares the routine it compiles for meanwhile."""
         tc = toolchain()
         source = emit_c(routine, parallel=tc.openmp, vector_bytes=tc.vector_bytes)
-        library = _background().submit(compile_shared, source.text, tc)
+        library = _background().submit(compile_shared, source.text, run_once(tc))
         return lambda: CExecutable(routine, source, library.result())
 
 
@@ -190,7 +191,7 @@ class CExecutable:
 
 @functools.cache
 def _background() -> concurrent.futures.ThreadPoolExecutor:
-    """The thread :meth:`CBackend.compile_in_background` builds on, made on first use."""
+    """The thread :meth:`CBackend.compile_init` builds on, made on first use."""
     return concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ocannl-cc")
 
 

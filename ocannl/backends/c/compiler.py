@@ -55,6 +55,7 @@ mode and OpenMP.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import platform
@@ -81,6 +82,11 @@ BASE_FLAGS = ("-O2", "-ffp-contract=off", "-fno-math-errno", "-fwrapv", "-fno-bu
 unrolled by hand; GCC 12's ``-O2`` vectorizes too), while ``-O3`` peels and unrolls every loop
 with a small constant trip count, which makes compiling a training routine several times slower
 (the figures are in the README, "C compile time")."""
+RUN_ONCE_OPTIMIZATION = "-O1"
+"""What replaces ``-O2`` for a routine that runs once (a context's init routine,
+``CBackend.compile_init``): the 2-block GPT's init routine compiles in 0.15 s of compiler time
+instead of 0.22, and its Threefry calls take 16 ns instead of 14 (GCC 12). The flags that fix the
+arithmetic stay, so the bits are the same at either level."""
 FAST_FLAGS = ("-ffp-contract=fast",)
 """After ``BASE_FLAGS``, so that it overrides their ``-ffp-contract=off``."""
 NATIVE, PORTABLE = "native", "portable"
@@ -154,6 +160,11 @@ def toolchain() -> CToolchain:
     command = find_compiler([("CC", os.environ.get("CC"))], CANDIDATES, "C compiler", FIX)
     return probed("c", command, (fast, openmp, isa), lambda: _probe(command, fast, openmp, isa))
 
+
+
+def run_once(tc: CToolchain) -> CToolchain:
+    """``tc`` building a routine that runs once: at :data:`RUN_ONCE_OPTIMIZATION`."""
+    return dataclasses.replace(tc, flags=tuple(RUN_ONCE_OPTIMIZATION if f == "-O2" else f for f in tc.flags))
 
 PROBE = "int ocannl_probe(int x) { return 3 * x + 1; }\n"
 OPENMP_PROBE = (
