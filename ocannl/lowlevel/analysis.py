@@ -262,21 +262,6 @@ def nodes_read(node: Stmt | Expr) -> set[TNode]:
     return {e.tnode for e in all_exprs(node) if isinstance(e, (Load, LoadDynamic))}
 
 
-def nodes_accessed(stmt: Stmt) -> set[TNode]:
-    """The nodes ``stmt`` reads, stores into or fills: those of its :func:`accesses` with
-    ``fills``, without making them (passes over a whole routine ask it of every statement)."""
-    found: set[TNode] = set()
-    for s in iter_stmts(stmt):
-        kind = type(s)
-        if kind is Store or kind is StoreDynamic or kind is Fill:
-            found.add(s.tnode)
-        for e in stmt_exprs(s):
-            for sub in iter_exprs(e):
-                if type(sub) is Load or type(sub) is LoadDynamic:
-                    found.add(sub.tnode)
-    return found
-
-
 def nodes_written(node: Stmt | Expr) -> set[TNode]:
     """The nodes ``node`` stores into or fills."""
     return {s.tnode for s in all_stmts(node) if isinstance(s, (Store, StoreDynamic, Fill))}

@@ -705,11 +705,8 @@ class _Simplifier(Rewriter):
 
     def expr(self, e: Expr) -> Expr:
         kind = type(e)
-        if kind is Load:  # no rule rewrites a load, a constant or a local's value
-            indices = self.indices(e.indices)
-            return e if indices is e.indices else Load(e.tnode, indices, e.oob_value)
-        if kind is Const or kind is GetLocal:
-            return e
+        if kind is Load or kind is Const or kind is GetLocal:  # no rule rewrites these
+            return self.rebuild_expr(e)
         return self.rule(self.rebuild_expr(e))
 
     def rule(self, e: Expr) -> Expr:

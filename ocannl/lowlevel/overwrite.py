@@ -62,7 +62,7 @@ from dataclasses import replace
 
 from ocannl.lowlevel import dtypes
 from ocannl.lowlevel.analysis import (
-    accesses, all_exprs, all_stmts, loop_chain, nodes_accessed, nodes_written, substitute_index,
+    accesses, all_exprs, all_stmts, loop_chain, nodes_read, nodes_written, substitute_index,
 )
 from ocannl.lowlevel.indexing import Affine, AxisIndex, Fixed, Iter, Symbol
 from ocannl.lowlevel.ir import (
@@ -106,7 +106,7 @@ def _fold_fills(statements: list[Stmt]) -> list[Stmt]:
     collected once, so the pass takes time linear in the routine."""
     accessed_at: dict[TNode, list[int]] = {}
     for position, s in enumerate(statements):
-        for node in nodes_accessed(s):
+        for node in nodes_read(s) | nodes_written(s):
             accessed_at.setdefault(node, []).append(position)
     out: list[Stmt | None] = list(statements)
     for position, s in enumerate(statements):

@@ -161,10 +161,10 @@ def toolchain() -> CToolchain:
     return probed("c", command, (fast, openmp, isa), lambda: _probe(command, fast, openmp, isa))
 
 
-
 def run_once(tc: CToolchain) -> CToolchain:
     """``tc`` building a routine that runs once: at :data:`RUN_ONCE_OPTIMIZATION`."""
     return dataclasses.replace(tc, flags=tuple(RUN_ONCE_OPTIMIZATION if f == "-O2" else f for f in tc.flags))
+
 
 PROBE = "int ocannl_probe(int x) { return 3 * x + 1; }\n"
 OPENMP_PROBE = (
