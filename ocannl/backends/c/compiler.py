@@ -175,8 +175,8 @@ OPENMP_PROBE = (
 
 def _probe(command: tuple[str, ...], fast: bool, openmp: bool, isa: str) -> CToolchain:
     version = compiler_version(command, "C compiler", FIX)
-    isa, isa_flags = _target(command, isa)
-    vector_bytes = _vector_bytes(_isa_macros(command, isa_flags[0])) if isa_flags else 0
+    isa, isa_flags, macros = _target(command, isa)
+    vector_bytes = _vector_bytes(macros)
     if isa == NATIVE:  # -march=native code runs only on CPUs like this one: key the cache by the CPU
         version += "\n" + _cpu_identity()
     flags = BASE_FLAGS + isa_flags + (FAST_FLAGS if fast else ())
@@ -198,27 +198,29 @@ def _probe(command: tuple[str, ...], fast: bool, openmp: bool, isa: str) -> CToo
     return plain
 
 
-def _target(command: tuple[str, ...], isa: str) -> tuple[str, tuple[str, ...]]:
-    """The target actually built for and its flags, for the ``c_isa`` value ``isa``: ``native``
-    falls back to ``portable`` when the compiler lacks ``-march=native``; a named target must be
-    known to the compiler and enable no instruction set this CPU lacks (:class:`OcannlError`)."""
+def _target(command: tuple[str, ...], isa: str) -> tuple[str, tuple[str, ...], frozenset[str] | None]:
+    """The target actually built for, its flags and its instruction-set macros (``None`` for
+    ``portable``, whose kernels are scalar), for the ``c_isa`` value ``isa``: ``native`` falls
+    back to ``portable`` when the compiler lacks ``-march=native``; a named target must be known
+    to the compiler and enable no instruction set this CPU lacks (:class:`OcannlError`). Each
+    ``-march`` is asked of the preprocessor once: a run costs 10-40 ms of a cold start."""
     if isa == PORTABLE:
-        return PORTABLE, ()
+        return PORTABLE, (), None
+    host = _isa_macros(command, "-march=native")
     if isa == NATIVE:
-        return (NATIVE, ("-march=native",)) if _isa_macros(command, "-march=native") is not None else (PORTABLE, ())
+        return (NATIVE, ("-march=native",), host) if host is not None else (PORTABLE, (), None)
     flag = f"-march={isa}"
     enabled = _isa_macros(command, flag)
     where = f"setting c_isa={isa} (from {config.origin('c_isa')})"
     if enabled is None:
         raise OcannlError(f"{where}: the C compiler {' '.join(command)} does not know {flag}; use {NATIVE}, "
                           f"{PORTABLE} or a target it lists (e.g. `gcc --help=target`)")
-    host = _isa_macros(command, "-march=native")  # None: the compiler cannot tell, so nothing to check against
-    missing = sorted(enabled - host) if host is not None else []
+    missing = sorted(enabled - host) if host is not None else []  # None: nothing to check against
     if missing:
         raise OcannlError(f"{where}: this CPU lacks {', '.join(m.strip('_').lower() for m in missing)}, "
                           f"so kernels built for {isa} could not run here; choose a target this CPU has "
                           f"({NATIVE} is one)")
-    return isa, (flag,)
+    return isa, (flag,), enabled
 
 
 def _isa_macros(command: tuple[str, ...], flag: str) -> frozenset[str] | None:
