@@ -219,6 +219,12 @@ static OCANNL_GEMM_FN void ocannl_gemm_loops_6x16_unit(ocannl_gemm_kernel kernel
           const float *const bp = g->b_in_place ? b + g->b_along*(jc + jr) + g->b_k*pc : pb + jr*kc;
           const int64_t h = mcc - ir < 6 ? mcc - ir : 6, w = nc - jr < 16 ? nc - jr : 16;
           float *const corner = c + g->c_rows*(ic + ir) + g->c_cols*(jc + jr);
+          if (pc == 0 && g->c_cols == 1) {  /* the next tile's cells, while this one computes */
+            const int64_t ni = ir + 6 < mcc ? ir + 6 : 0, nj = ir + 6 < mcc ? jr : jr + 16;
+            if (nj < nc)
+              for (int64_t r = 0; r < 6 && ni + r < mcc; ++r)
+                __builtin_prefetch(c + g->c_rows*(ic + ni + r) + (jc + nj), 1, 3);
+          }
           if (h == 6 && w == 16 && g->c_cols == 1) {
             kernel(kc, ap, bp, corner, g->c_rows, fresh, g->start);
             continue;

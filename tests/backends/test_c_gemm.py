@@ -233,6 +233,30 @@ def test_convolutions_as_implicit_gemms_equal_interpreter(packed_from_one):
     assert_same_bits(cnn_step_values("c"), cnn_step_values("interp"), "cnn")
 
 
+@needs_c
+def test_both_renderings_of_the_gemm_loops_fetch_the_next_tiles_cells(packed_from_one):
+    """The shared loops (a batch of products at linear offsets) and a product's own loops (a
+    convolution, whose rows are not linear in one flat index) both ask for the block's next tile
+    on the first panel; the values are the interpreter's (the convolution test above)."""
+    rng = np.random.default_rng(0)
+
+    def batched():
+        a = oc.tensor(rng.standard_normal((3, 20, 9)).astype(np.float32), batch=1, input=1)
+        b = oc.tensor(rng.standard_normal((3, 9, 40)).astype(np.float32), batch=1, input=1)
+        return oc.einsum("b|i->o; b|j->i => b|j->o", a, b)
+
+    def convolution():
+        x = oc.tensor(rng.standard_normal((4, 8, 8, 3)).astype(np.float32), batch=1)
+        return nn.conv2d(16, label="conv")(x)
+
+    shared, own = c_source(batched), c_source(convolution)
+    assert "ocannl_gemm_loops_" in shared and "if (pc == 0 && g->c_cols == 1) {" in shared, shared
+    assert "__builtin_prefetch(c + g->c_rows*(ic + ni + r) + (jc + nj), 1, 3);" in shared
+    assert "ocannl_gemm_loops_" not in own and "if (_pc == 0) {  /* the next tile's cells" in own, own
+    assert re.search(r"__builtin_prefetch\(&\w+\[.*\] \+ 16\*\(_ni - _ir \+ _r\) \+ \(_nj - _jr\), 1, 3\);", own), (
+        "16 output channels: the next row of cells is 16 floats on")
+
+
 # ---------------------------------------------------------------------------------------------
 # Threads and targets
 

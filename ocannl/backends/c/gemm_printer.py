@@ -15,7 +15,8 @@ through their loads as the loop IR writes them (any strides: a transposed operan
 it is read). Each thread takes its packing buffers from the heap (up to hundreds of KiB: a
 caller's thread may have a small stack); when that fails the routine reports it as a failed
 check, and the thread computes no unit. A reset of the cells is the micro-kernel's start on the
-first panel (``fresh``, ``gemm.py``).
+first panel (``fresh``, ``gemm.py``). On that panel the cells of each block's next tile are
+asked for (``__builtin_prefetch``, for writing) while the micro-kernel computes the current one.
 
 A product the plan runs in shared loops (:attr:`~ocannl.lowlevel.cpu_schedule.GemmPlan.shared`)
 prints as a call of the loops its tile shape shares with the source's other such products
@@ -308,6 +309,7 @@ class _GemmPrinter:
         if direct:
             with e.symbol_texts({**_digits(g.rows, "(_ic + _ir)"), **_digits(g.cols, "(_jc + _jr)")}):
                 corner = e.access(out, idx)
+            self.prefetch_next_tile(f"&{corner}", g.c_strides[0])
             e.line(f"if (_h == {g.mr} && _w == {g.nr}) {{")
             with e.indented():
                 e.line(f"{self.kernel}(_kc, _ap, _bp, &{corner}, {g.c_strides[0]}, {self.fresh}, {self.start});")
@@ -317,6 +319,20 @@ class _GemmPrinter:
         e.line(f"{self.real} _t[{g.mr * g.nr}] = {{0}};")
         with e.symbol_texts({**_digits(g.rows, "(_ic + _ir + _r)"), **_digits(g.cols, "(_jc + _jr + _q)")}):
             self.tile_through_buffer()
+
+    def prefetch_next_tile(self, corner: str, row_stride: int) -> None:
+        """On the first panel, asks for the cells of the block's next tile (the next ``mr`` rows,
+        else the next ``nr`` columns) while the micro-kernel computes this one: a result written
+        fresh would otherwise wait on its lines one tile at a time (docs/codegen.md, "Packed
+        GEMM"). ``corner``: the address of this tile's first cell."""
+        e, it, mr, nr = self.e, self.it, self.g.mr, self.g.nr
+        e.line("if (_pc == 0) {  /* the next tile's cells, while this one computes */")
+        with e.indented():
+            e.line(f"const {it} _ni = _ir + {mr} < _mcc ? _ir + {mr} : 0, _nj = _ir + {mr} < _mcc ? _jr : _jr + {nr};")
+            e.line("if (_nj < _nc)")
+            e.line(f"  for ({it} _r = 0; _r < {mr} && _ni + _r < _mcc; ++_r)")
+            e.line(f"    __builtin_prefetch({corner} + {row_stride}*(_ni - _ir + _r) + (_nj - _jr), 1, 3);")
+        e.line("}")
 
     def in_place(self, factor: Load, along: Loops, first: str) -> str:
         """The address of ``factor`` at the flat index ``first`` of the loops ``along`` and the
