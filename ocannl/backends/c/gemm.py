@@ -222,7 +222,7 @@ def _unit(mr: int, nr: int) -> list[str]:
         "          const float *const bp = g->b_in_place ? b + g->b_along*(jc + jr) + g->b_k*pc : pb + jr*kc;",
         f"          const int64_t h = mcc - ir < {mr} ? mcc - ir : {mr}, w = nc - jr < {nr} ? nc - jr : {nr};",
         "          float *const corner = c + g->c_rows*(ic + ir) + g->c_cols*(jc + jr);",
-        f"          if (pc == 0 && g->c_cols == 1) {{  /* the next tile's cells, while this one computes */",
+        "          if (pc == 0 && g->c_cols == 1) {  /* the next tile's cells, while this one computes */",
         f"            const int64_t ni = ir + {mr} < mcc ? ir + {mr} : 0, nj = ir + {mr} < mcc ? jr : jr + {nr};",
         "            if (nj < nc)",
         f"              for (int64_t r = 0; r < {mr} && ni + r < mcc; ++r)",
