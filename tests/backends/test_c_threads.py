@@ -4,6 +4,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -40,6 +43,21 @@ def test_a_core_another_process_keeps_busy_is_left_to_it(tmp_path, monkeypatch):
     assert free.decide((0.0, 0.0, 0.0), (1.0, 0.3, 0.0)) == 2
     # Never below one thread, whatever the others take.
     assert free.decide((0.0, 0.0, 0.0), (1.0, 2.0, 0.0)) == 1
+
+
+def test_the_processor_time_of_ended_children_is_the_process_own(tmp_path, monkeypatch):
+    """A routine's build runs the C compiler as a child, which keeps a core busy; once it has
+    ended, that busy time is the process's own, not another process's load."""
+    free = cores(tmp_path, monkeypatch)
+    before = free._read()
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"
+    subprocess.run([sys.executable, "-c", burn], check=True)
+    own = free._read()[2] - before[2]
+    assert own >= 0.29, "the child's processor time counts as the process's own"
+    ticks = round((before[1] + own) * threads._TICKS_PER_SECOND)  # cpu0 was busy with the child
+    (tmp_path / "stat").write_text(STAT.format(total=ticks, a=ticks // 2, b=0))
+    after = free._read()
+    assert free.decide(before, (before[0] + 0.4, after[1], after[2])) == 2
 
 
 def test_omp_num_threads_bounds_the_count(tmp_path, monkeypatch):

@@ -7,7 +7,8 @@ one, the GPT step of ``bench/cpu_steps.py`` took up to 4x its one-thread time on
 before each run the thread count is set (``omp_set_num_threads``) to the cores of this process's
 affinity that other processes leave free, at most ``OMP_NUM_THREADS`` when that is set. What the
 others use is sampled at most every :data:`SAMPLE_SECONDS`: the busy time of those cores in
-``/proc/stat`` less this process's own CPU time, over the wall time between two samples; a core
+``/proc/stat`` less this process's own CPU time (:func:`own_cpu_seconds`: its children's that
+ended, the C compiler's, count as its own), over the wall time between two samples; a core
 counts as taken when others use half of it or more. A count set in this process by another
 library meanwhile (``omp_set_num_threads``, as ``threadpoolctl``'s limits call it) bounds it
 from then on, as ``OMP_NUM_THREADS`` does: before each run the count OpenMP holds is compared with
@@ -44,6 +45,16 @@ def _thread_limit(cores: int) -> int:
     """``OMP_NUM_THREADS``'s first level when it is a positive number, else ``cores``."""
     value = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
     return int(value) if value.isdigit() and int(value) > 0 else cores
+
+
+def own_cpu_seconds() -> float:
+    """The processor time of this process and of its children that have ended: a routine's build
+    runs the C compiler as children, which kept a core busy until the build returned; counted as
+    another process's load, they left the first runs after a build (0.17 s of them, the
+    784-1024-1024 MLP's steps on two cores) on one thread. A child still running is counted as
+    another process until it ends."""
+    times = os.times()
+    return time.process_time() + times.children_user + times.children_system
 
 
 def adapts() -> bool:
@@ -104,7 +115,8 @@ class FreeCores:
         return max(1, len(self.cores) - int(others + 0.5))
 
     def _read(self) -> tuple[float, float, float] | None:
-        """``(now, busy seconds of this process's cores, this process's CPU seconds)``, or
+        """``(now, busy seconds of this process's cores, this process's CPU seconds with its ended
+        children's)``, or
         ``None`` where the kernel does not say (no ``/proc/stat``, or not in its format)."""
         wanted = {f"cpu{c}" for c in self.cores}
         try:
@@ -114,7 +126,7 @@ class FreeCores:
                         for line in lines if line.split(maxsplit=1)[0] in wanted)
         except (OSError, ValueError, IndexError):
             return None
-        return time.monotonic(), ticks / _TICKS_PER_SECOND, time.process_time()
+        return time.monotonic(), ticks / _TICKS_PER_SECOND, own_cpu_seconds()
 
 
 _free_cores: FreeCores | None = None
