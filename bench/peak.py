@@ -23,8 +23,8 @@ from __future__ import annotations
 import argparse
 import ctypes
 import dataclasses
-import time
 
+from bench.gemm import best_time
 from ocannl.backends.c import compiler
 
 CHAINS = 24
@@ -72,12 +72,7 @@ def measure(repeat: int = 7, iterations: int = 4_000_000) -> Peak:
         built = dataclasses.replace(tc, flags=(*tc.flags, f"-ffp-contract={contract}"))
         kernel = ctypes.CDLL(str(compiler.compile_shared(text, built))).ocannl_peak
         kernel.argtypes, kernel.restype = (ctypes.c_int64, ctypes.c_float), ctypes.c_float
-        kernel(1000, 1.0)
-        best = float("inf")
-        for _ in range(repeat):
-            start = time.perf_counter()
-            kernel(iterations, 1.0000001)
-            best = min(best, time.perf_counter() - start)
+        best = best_time(lambda: kernel(iterations, 1.0000001), repeat)
         rates.append(2 * lanes * CHAINS * iterations / best / 1e9)
     return Peak(lanes, *rates)
 
